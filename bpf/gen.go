@@ -1,0 +1,6 @@
+// Package bpf holds the xdpagg XDP programs, compiled by bpf2go, and the wire types shared with
+// them. The C header xdpagg.h is the single source of the wire format: the Go types below come
+// from it through bpf2go -type.
+package bpf
+
+//go:generate go tool bpf2go -go-package bpf -output-stem xdpagg -tags linux -target bpfel -type hdr Xdpagg xdpagg.c -- -I./include -O2 -g -Wall -Werror

@@ -1,0 +1,532 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//go:build ignore
+
+/*
+ * xdpagg switch: in-network gradient aggregation as XDP programs.
+ *
+ *   xdpagg_switch  ingress on every switch port. Sums MSG_DATA fragments into aggregator slots,
+ *                  broadcasts completed sums (and the PS's results) to the job's workers, sends
+ *                  what it cannot sum on to the parameter server, passes everything else to the
+ *                  kernel, which routes it like an ordinary L3 switch.
+ *   xdpagg_egress  devmap program run on each broadcast copy: rewrites addresses for the member of
+ *                  the job behind that port, drops the copy where the job has no member.
+ *   xdpagg_pass    XDP_PASS, for veth peers: a veth only accepts XDP_REDIRECT/XDP_TX frames when
+ *                  its peer runs an XDP program.
+ *
+ * Switch constraints we emulate (docs/design.md): every loop has a named constant bound; each
+ * register map (slots, members, counters) is looked up at most once per packet pass; one
+ * bpf_spin_lock guards all fields of a slot; big temporaries live in a per-CPU scratch map.
+ */
+#include <linux/bpf.h>
+#include <bpf_helpers.h>
+#include <bpf_endian.h>
+
+#include "net.h"
+#include "xdpagg.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Runtime configuration, set by the loader through VariableSpec.Set before load. */
+volatile const __u16 agg_port = XAGG_DEFAULT_PORT;  /* UDP port of xdpagg traffic, host order */
+volatile const __u32 pool_size = 1;                 /* slots in `slots`; agg_index must be below */
+volatile const __u64 slot_timeout_ns = 5000000000ULL; /* idle age after which a completed slot may be taken by anyone */
+
+#ifndef XAGG_POOL_SIZE
+#define XAGG_POOL_SIZE 4096 /* default max_entries of `slots`; the loader sets the real pool size */
+#endif
+#ifndef XAGG_MAX_PORTS
+#define XAGG_MAX_PORTS 64
+#endif
+#ifndef XAGG_MAX_MEMBERS
+#define XAGG_MAX_MEMBERS 4096
+#endif
+
+/* Aggregator pool. Key: agg_index (u32, host order). Value: struct slot (host order, spin-locked). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, XAGG_POOL_SIZE);
+	__type(key, __u32);
+	__type(value, struct slot);
+} slots SEC(".maps");
+
+/* Switch ports that results are broadcast to. Key: ifindex (u32, host order). Value: devmap value
+ * with xdpagg_egress as the per-port program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, XAGG_MAX_PORTS);
+	__type(key, __u32);
+	__type(value, struct bpf_devmap_val);
+} ports SEC(".maps");
+
+/* Job members per port. Key: struct member_key (host order). Value: struct member (addresses in
+ * network order). Written by the control plane. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XAGG_MAX_MEMBERS);
+	__type(key, struct member_key);
+	__type(value, struct member);
+} members SEC(".maps");
+
+/* Verdict counters. Key: enum counter (u32). Value: u64 per CPU, host order. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* One-entry per-CPU scratch for fragment values (1440 bytes: too big for the 512-byte stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} scratch_buf SEC(".maps");
+
+/* Offsets of a linear xdpagg packet: IPv4 without options (anything else is not ours). */
+#define OFF_IP (sizeof(struct ethhdr))
+#define OFF_UDP (OFF_IP + sizeof(struct iphdr))
+#define OFF_HDR (OFF_UDP + sizeof(struct udphdr))
+#define OFF_VALS (OFF_HDR + sizeof(struct hdr))
+
+static __always_inline void count(__u32 id)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &id);
+	if (v)
+		*v += 1; /* per-CPU: no atomics needed */
+}
+
+/* Bounds-checked parsing cursor: every access goes through cursor_take. */
+struct cursor {
+	void *pos;
+	void *end;
+};
+
+static __always_inline void *cursor_take(struct cursor *c, __u32 len)
+{
+	void *p = c->pos;
+	if (p + len > c->end)
+		return NULL;
+	c->pos = p + len;
+	return p;
+}
+
+/* Pointers into a parsed xdpagg packet. */
+struct pkt {
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	struct hdr *h;
+};
+
+enum parse_result {
+	PARSE_NOT_OURS = 0, /* not UDP/IPv4 to the aggregation port */
+	PARSE_OK,
+	PARSE_MALFORMED,
+};
+
+static __always_inline int parse(struct cursor *c, struct pkt *p)
+{
+	p->eth = cursor_take(c, sizeof(struct ethhdr));
+	if (!p->eth || p->eth->h_proto != bpf_htons(ETH_P_IP))
+		return PARSE_NOT_OURS;
+	p->ip = cursor_take(c, sizeof(struct iphdr));
+	if (!p->ip || p->ip->version != 4 || p->ip->protocol != IPPROTO_UDP)
+		return PARSE_NOT_OURS;
+	if (p->ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return PARSE_NOT_OURS; /* fragments: only the kernel can reassemble */
+	if (p->ip->ihl != 5)
+		return PARSE_NOT_OURS; /* IP options: hosts never send them with xdpagg traffic */
+	p->udp = cursor_take(c, sizeof(struct udphdr));
+	if (!p->udp || p->udp->dest != bpf_htons(agg_port))
+		return PARSE_NOT_OURS;
+	p->h = cursor_take(c, sizeof(struct hdr));
+	if (!p->h)
+		return PARSE_MALFORMED;
+	/* Lengths must agree with what arrived: IP total length covers exactly the UDP datagram (bar
+	 * link padding), and the UDP length covers exactly header + count values. */
+	__u16 udp_len = bpf_ntohs(p->udp->len);
+	__u16 ip_len = bpf_ntohs(p->ip->tot_len);
+	if (ip_len != sizeof(struct iphdr) + udp_len)
+		return PARSE_MALFORMED;
+	if ((void *)p->ip + ip_len > c->end)
+		return PARSE_MALFORMED;
+	if (p->h->version != XAGG_VERSION || p->h->reserved != 0)
+		return PARSE_MALFORMED;
+	if (p->h->type == MSG_DATA || p->h->type == MSG_RESULT) {
+		__u16 n = p->h->count;
+		if (n == 0 || n > XAGG_MAX_VALUES)
+			return PARSE_MALFORMED;
+		if (udp_len != sizeof(struct udphdr) + sizeof(struct hdr) + (__u32)n * 4)
+			return PARSE_MALFORMED;
+		if (p->h->encoding > ENC_SPARSE_KV)
+			return PARSE_MALFORMED;
+		if (p->h->agg_index >= pool_size)
+			return PARSE_MALFORMED;
+	}
+	return PARSE_OK;
+}
+
+/* Serial-number comparison (RFC 1982): is a after b, with wrap-around. */
+static __always_inline int seq_after(__u32 a, __u32 b)
+{
+	return (__s32)(a - b) > 0;
+}
+
+static __always_inline __u16 csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* Full IPv4 header checksum (20 bytes, no options). */
+static __always_inline void ip_csum(struct iphdr *ip)
+{
+	__u16 *w = (__u16 *)ip;
+	__u32 sum = 0;
+	ip->check = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(struct iphdr) / 2); i++)
+		sum += w[i];
+	ip->check = csum_fold(sum);
+}
+
+/* Turn the packet in hand into a RESULT header for `bitmap`, keeping count/job/seq/index. */
+static __always_inline void make_result(struct hdr *h, __u32 bitmap, __u16 slot_flags, __u16 extra)
+{
+	h->type = MSG_RESULT;
+	h->flags = (h->flags & (F_LEVEL1)) | (slot_flags & (F_ECN | F_OVERFLOW)) | extra;
+	if (h->flags & F_LEVEL1)
+		h->bitmap1 = bitmap;
+	else
+		h->bitmap0 = bitmap;
+}
+
+/* Hand a packet to the PS unaggregated: the kernel routes it (dst is the PS). The UDP checksum is
+ * zeroed because we changed the header (and a veth sender may have left it partial). */
+static __always_inline int to_ps(struct pkt *p, __u16 add_flags)
+{
+	p->h->flags |= add_flags;
+	p->udp->check = 0;
+	count(CNT_TO_PS);
+	return XDP_PASS;
+}
+
+static __always_inline int broadcast(void)
+{
+	long r = bpf_redirect_map(&ports, 0, BPF_F_BROADCAST);
+	if (r != XDP_REDIRECT)
+		count(CNT_REDIRECT_ERR);
+	return (int)r;
+}
+
+/* What the locked section decided. */
+enum data_verdict {
+	V_AGGREGATED = 0, /* summed, waiting for more */
+	V_COMPLETED,      /* summed and complete: scratch holds the sum */
+	V_DUPLICATE,
+	V_COLLISION,
+	V_SHADOW,         /* slot already complete: scratch holds the sum for this one worker */
+	V_TO_PS,          /* resend without a matching slot */
+	V_MALFORMED,
+};
+
+static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
+{
+	struct hdr *h = p->h;
+	__u32 level1 = h->flags & F_LEVEL1;
+	__u32 bm = level1 ? h->bitmap1 : h->bitmap0;
+	__u32 fan = level1 ? h->fan_in1 : h->fan_in0;
+
+	if (fan == 0 || fan > XAGG_MAX_WORKERS || bm == 0)
+		goto malformed;
+	if (fan < XAGG_MAX_WORKERS && (bm >> fan) != 0)
+		goto malformed; /* contributor bits outside the job's fan-in */
+	if (h->job_id == 0)
+		goto malformed;
+	if (h->encoding != ENC_FIXED32 || (h->flags & F_COLLISION))
+		return to_ps(p, 0); /* float repair traffic, or already diverted upstream */
+
+	__u32 zero = 0;
+	struct scratch *sc = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!sc)
+		return XDP_ABORTED;
+	__u32 n = h->count;
+	if (n == 0 || n > XAGG_MAX_VALUES)
+		goto malformed;
+	__u32 len = n * 4;
+	/* Keep clang from re-deriving len from the unchecked count: the verifier must see the bound
+	 * on the very register passed to the helper. */
+	asm volatile("" : "+r"(len));
+	if (len == 0 || len > sizeof(sc->vals))
+		goto malformed;
+	if (bpf_xdp_load_bytes(ctx, OFF_VALS, sc->vals, len))
+		goto malformed;
+
+	__u32 idx = h->agg_index;
+	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
+	if (!s)
+		goto malformed;
+
+	__u64 now = bpf_ktime_get_ns();
+	__u32 job = h->job_id, seq = h->seq;
+	__u16 pkt_flags = h->flags & (F_ECN | F_OVERFLOW);
+	int resend = h->flags & F_RESEND;
+	int verdict;
+	__u32 out_bitmap = 0;
+	__u16 out_flags = 0;
+	int reclaimed = 0;
+
+	/* Zero the scratch tail past this fragment's values, so the fixed-trip value loop below adds
+	 * zeros there (slot tails are zero too: they were copied from a zeroed scratch). */
+	for (__u32 i = 0; i < XAGG_MAX_VALUES; i++) {
+		if (i >= n)
+			sc->vals[i] = 0;
+	}
+
+	/* How the value loop combines slot (a) and packet (b): r = (a & amask) + (b & bmask). */
+	__s32 amask = 0, bmask = 0;
+	int run = 0; /* run the value loop at all */
+
+	bpf_spin_lock(&s->lock);
+	int match = s->state != SLOT_FREE && s->job_id == job && s->seq == seq;
+	if (!match) {
+		int reusable = s->state == SLOT_FREE;
+		if (s->state == SLOT_COMPLETE) {
+			/* A later fragment of the same job may retake its own completed slot: workers keep
+			 * at most `window` fragments in flight over 2*window slots, so the sender of
+			 * seq+2w has the result of seq+w, which every worker sent only after receiving
+			 * the result of seq (SwitchML's shadow-copy argument, docs/design.md). */
+			if (s->job_id == job && seq_after(seq, s->seq))
+				reusable = 1;
+			else if (now - s->ts_ns > slot_timeout_ns)
+				reusable = reclaimed = 1;
+		}
+		if (resend) {
+			verdict = V_TO_PS; /* never reserve for a resend: its partners may be at the PS */
+		} else if (!reusable) {
+			verdict = V_COLLISION;
+		} else {
+			s->job_id = job;
+			s->seq = seq;
+			s->bitmap = bm;
+			s->nvals = n;
+			s->state = SLOT_AGGREGATING;
+			s->counter = 1;
+			s->fan_in = fan;
+			s->scale_log2 = h->scale_log2;
+			s->flags = pkt_flags;
+			s->ts_ns = now;
+			run = 1; /* copy: r = b */
+			bmask = -1;
+			verdict = V_AGGREGATED;
+		}
+	} else if (s->state == SLOT_COMPLETE) {
+		/* The sender missed the result (or resent early): answer it alone from the slot. */
+		if (s->nvals != n) {
+			verdict = V_MALFORMED;
+		} else {
+			run = 1; /* read: r = a */
+			amask = -1;
+			verdict = V_SHADOW;
+		}
+	} else if (s->nvals != n || s->fan_in != fan) {
+		verdict = V_MALFORMED;
+	} else if (s->bitmap & bm) {
+		s->flags |= pkt_flags & F_ECN;
+		verdict = V_DUPLICATE;
+	} else {
+		s->bitmap |= bm;
+		s->counter++;
+		s->flags |= pkt_flags;
+		s->ts_ns = now;
+		run = 1; /* add: r = a + b */
+		amask = bmask = -1;
+		verdict = V_AGGREGATED;
+	}
+
+	if (run) {
+		/* One fixed-trip loop with a branch-free body: the verifier walks it once per entry
+		 * path, and a switch pipeline would do the same work for every packet. Writes the
+		 * slot (unchanged for a read) and the scratch (the packet's outgoing values). */
+		__u32 ovf = 0;
+		for (__u32 i = 0; i < XAGG_MAX_VALUES; i++) {
+			__s32 a = s->vals[i] & amask, b = sc->vals[i] & bmask;
+			__s32 r = (__s32)((__u32)a + (__u32)b);
+			/* Signed overflow iff a and b share a sign that r lacks; saturate toward it. */
+			__u32 o = ((__u32)((a ^ r) & (b ^ r))) >> 31;
+			__s32 sat = (a >> 31) ^ 0x7fffffff; /* INT32_MAX, or INT32_MIN for negative a */
+			__s32 mask = -(__s32)o;
+			r = (r & ~mask) | (sat & mask);
+			s->vals[i] = r;
+			sc->vals[i] = r;
+			ovf |= o;
+		}
+		if (ovf)
+			s->flags |= F_OVERFLOW;
+		if (verdict == V_AGGREGATED && s->counter >= s->fan_in) {
+			s->state = SLOT_COMPLETE;
+			verdict = V_COMPLETED;
+		}
+		out_bitmap = s->bitmap;
+		out_flags = s->flags;
+	}
+	bpf_spin_unlock(&s->lock);
+
+	if (reclaimed && (verdict == V_AGGREGATED || verdict == V_COMPLETED))
+		count(CNT_RECLAIMED);
+
+	switch (verdict) {
+	case V_AGGREGATED:
+		count(CNT_AGGREGATED);
+		return XDP_DROP; /* consumed: its values live in the slot now */
+	case V_DUPLICATE:
+		count(CNT_DUPLICATE);
+		return XDP_DROP;
+	case V_COLLISION:
+		count(CNT_COLLISION);
+		return to_ps(p, F_COLLISION);
+	case V_TO_PS:
+		return to_ps(p, 0);
+	case V_MALFORMED:
+		goto malformed;
+	case V_SHADOW:
+	case V_COMPLETED:
+		break;
+	}
+
+	if (bpf_xdp_store_bytes(ctx, OFF_VALS, sc->vals, len))
+		return XDP_ABORTED;
+	/* store_bytes may move packet data: re-derive the header pointers with fresh checks. */
+	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
+	struct pkt q;
+	if (parse(&c, &q) != PARSE_OK)
+		return XDP_ABORTED;
+
+	if (verdict == V_SHADOW) {
+		/* Unicast back to the sender: swap L2/L3 endpoints; the IP checksum is unchanged by a swap. */
+		make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH | F_SHADOW);
+		__u8 mac[ETH_ALEN];
+		__builtin_memcpy(mac, q.eth->h_dest, ETH_ALEN);
+		__builtin_memcpy(q.eth->h_dest, q.eth->h_source, ETH_ALEN);
+		__builtin_memcpy(q.eth->h_source, mac, ETH_ALEN);
+		__be32 a = q.ip->saddr;
+		q.ip->saddr = q.ip->daddr;
+		q.ip->daddr = a;
+		q.udp->dest = q.udp->source;
+		q.udp->source = bpf_htons(agg_port);
+		q.udp->check = 0;
+		count(CNT_SHADOW_TX);
+		return XDP_TX;
+	}
+
+	make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH);
+	count(CNT_AGGREGATED);
+	count(CNT_COMPLETED);
+	if (out_flags & F_OVERFLOW)
+		count(CNT_OVERFLOW);
+	return broadcast();
+
+malformed:
+	count(CNT_MALFORMED);
+	return XDP_DROP;
+}
+
+/* A result from the PS: free a matching half-filled slot (its contributions reached the PS some
+ * other way; ATP's deallocation by parameter packet) and broadcast to the job. */
+static __always_inline int handle_result(struct pkt *p)
+{
+	struct hdr *h = p->h;
+	if (h->job_id == 0) {
+		count(CNT_MALFORMED);
+		return XDP_DROP;
+	}
+	__u32 idx = h->agg_index;
+	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
+	if (s) {
+		bpf_spin_lock(&s->lock);
+		if (s->state == SLOT_AGGREGATING && s->job_id == h->job_id && s->seq == h->seq)
+			s->state = SLOT_FREE;
+		bpf_spin_unlock(&s->lock);
+	}
+	count(CNT_PS_RESULT);
+	return broadcast();
+}
+
+SEC("xdp")
+int xdpagg_switch(struct xdp_md *ctx)
+{
+	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
+	struct pkt p;
+
+	int pr = parse(&c, &p);
+	if (pr == PARSE_NOT_OURS) {
+		count(CNT_NON_AGG);
+		return XDP_PASS;
+	}
+	count(CNT_RX);
+	if (pr == PARSE_MALFORMED) {
+		count(CNT_MALFORMED);
+		return XDP_DROP;
+	}
+	switch (p.h->type) {
+	case MSG_DATA:
+		return handle_data(ctx, &p);
+	case MSG_RESULT:
+		return handle_result(&p);
+	case MSG_JOIN:
+	case MSG_LEAVE:
+	case MSG_RESET:
+	case MSG_ACK:
+	case MSG_RETRANSMIT:
+	case MSG_HEARTBEAT:
+		count(CNT_CONTROL);
+		return XDP_PASS; /* the agent's socket on the switch takes control messages */
+	default:
+		count(CNT_MALFORMED);
+		return XDP_DROP;
+	}
+}
+
+SEC("xdp/devmap")
+int xdpagg_egress(struct xdp_md *ctx)
+{
+	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
+	struct pkt p;
+	if (parse(&c, &p) != PARSE_OK || p.h->type != MSG_RESULT)
+		return XDP_PASS; /* only results are broadcast; anything else goes out untouched */
+
+	struct member_key k = { .job_id = p.h->job_id, .ifindex = ctx->egress_ifindex };
+	struct member *m = bpf_map_lookup_elem(&members, &k);
+	if (!m) {
+		count(CNT_EGRESS_SKIP);
+		return XDP_DROP;
+	}
+	__builtin_memcpy(p.eth->h_dest, m->dst_mac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, m->src_mac, ETH_ALEN);
+	p.ip->saddr = m->src_ip;
+	p.ip->daddr = m->dst_ip;
+	p.ip->ttl = 64;
+	ip_csum(p.ip);
+	p.udp->source = bpf_htons(agg_port);
+	p.udp->dest = m->dst_port;
+	p.udp->check = 0;
+	count(CNT_EGRESS_TX);
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int xdpagg_pass(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}
+
+/* Keep types that no code path names in BTF, so bpf2go -type can export them to Go. */
+const volatile enum counter unused_counter;
+const volatile enum msg_type unused_msg_type;
+const volatile enum encoding unused_encoding;
+const volatile enum flag unused_flag;
+const volatile enum slot_state unused_slot_state;
+const volatile enum limit unused_limit;
+struct hdr *const volatile unused_hdr;

@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * xdpagg wire contract and shared map layouts: the single source of truth.
+ *
+ * Go gets every type here through bpf2go `-type` (see gen.go); docs/protocol.md explains each field.
+ * Everything in the xdpagg header and payload is LITTLE-ENDIAN. Workers, parameter servers and the
+ * switch are all little-endian machines (x86-64, arm64), so the switch adds values without byte
+ * swaps (360 bswaps per packet otherwise) and Go encodes the generated structs with
+ * binary.LittleEndian. The Ethernet/IPv4/UDP headers around it stay in network byte order.
+ */
+#ifndef __XDPAGG_H
+#define __XDPAGG_H
+
+#include <linux/types.h>
+
+/* Protocol version carried in every header; a switch drops (as malformed) any other version. */
+#define XAGG_VERSION 1
+
+/* Default UDP port of aggregation traffic (data, results, control). Runtime-configurable. */
+#define XAGG_DEFAULT_PORT 9510
+
+/* Values per packet. 1500 MTU - 20 (IPv4) - 8 (UDP) - 32 (xdpagg header) = 1440 bytes = 360
+ * 32-bit values. Override for jumbo frames (the switch's linear-buffer limit on veth is ~3500 B). */
+#ifndef XAGG_MAX_VALUES
+#define XAGG_MAX_VALUES 360
+#endif
+
+/* Workers per job at one aggregation level: one bit each in bitmap0. */
+#define XAGG_MAX_WORKERS 32
+
+/* The limits above as an enum, so bpf2go exports them to Go (macros do not reach BTF). */
+enum limit {
+	LIMIT_VERSION = XAGG_VERSION,
+	LIMIT_DEFAULT_PORT = XAGG_DEFAULT_PORT,
+	LIMIT_MAX_VALUES = XAGG_MAX_VALUES,
+	LIMIT_MAX_WORKERS = XAGG_MAX_WORKERS,
+	LIMIT_HDR_SIZE = 32, /* sizeof(struct hdr); checked by a static assertion below */
+};
+
+/* Message types (hdr.type). */
+enum msg_type {
+	MSG_DATA = 1,    /* worker -> switch/PS: one gradient fragment (or a partial aggregate) */
+	MSG_RESULT = 2,  /* switch/PS -> workers: the complete sum of a fragment (ATP's parameter/ACK packet) */
+	MSG_JOIN = 3,    /* control: worker asks to join a job (iSwitch Join) */
+	MSG_LEAVE = 4,   /* control: worker leaves a job (iSwitch Leave) */
+	MSG_RESET = 5,   /* control: forget a job's slots and membership (iSwitch Reset) */
+	MSG_ACK = 6,     /* control: acknowledgement of a control message or of a result (retransmit cache) */
+	MSG_RETRANSMIT = 7, /* control: worker asks the switch CPU for a cached result */
+	MSG_HEARTBEAT = 8,  /* control: liveness between agent and controller (Libra failover) */
+};
+
+/* Value encodings (hdr.encoding). */
+enum encoding {
+	ENC_FIXED32 = 0, /* int32 fixed point: value = round(x * 2^scale_log2); summed in-switch */
+	ENC_FLOAT32 = 1, /* IEEE-754 binary32; summed at the PS (overflow repair), in-switch later */
+	ENC_SPARSE_KV = 2, /* pairs of (u32 key, f32/fixed value) for hot-parameter aggregation */
+};
+
+/* Header flags (hdr.flags), a bit set. */
+enum flag {
+	F_RESEND = 1 << 0,    /* retransmitted fragment: switch answers from a completed slot, never reserves */
+	F_COLLISION = 1 << 1, /* the switch could not aggregate (slot held by another <job,seq>): PS sums it */
+	F_ECN = 1 << 2,       /* congestion seen on the path; copied into the result for the workers' AIMD */
+	F_OVERFLOW = 1 << 3,  /* a fixed-point sum saturated (or a value could not be quantised): PS repairs */
+	F_LEVEL1 = 1 << 4,    /* already aggregated by a first-level switch: use bitmap1/fan_in1 (ATP edgeSwitchId) */
+	F_FROM_SWITCH = 1 << 5, /* result produced by the switch (vs. the PS): diagnostics and counters */
+	F_SHADOW = 1 << 6,    /* result re-sent from a completed slot's shadow copy to one worker */
+};
+
+/*
+ * The xdpagg header: 32 bytes after the UDP header, followed by `count` values of the encoding.
+ * Field order keeps every field naturally aligned.
+ */
+struct hdr {
+	__u8 version;    /* XAGG_VERSION */
+	__u8 type;       /* enum msg_type */
+	__u8 encoding;   /* enum encoding */
+	__u8 scale_log2; /* ENC_FIXED32: fixed-point exponent, so any receiver can decode without job state */
+	__u16 flags;     /* enum flag bits */
+	__u16 count;     /* number of values that follow; 1..XAGG_MAX_VALUES for data and results */
+	__u32 job_id;    /* tenant id; 0 is reserved (never a job) */
+	__u32 seq;       /* fragment sequence number within the job, monotonic across allreduces (wraps, serial arithmetic) */
+	__u32 agg_index; /* aggregator slot in the switch pool; must be < pool size */
+	__u32 bitmap0;   /* first-level contributors: one bit per worker (1 << worker_id) */
+	__u32 bitmap1;   /* second-level contributors: one bit per first-level switch */
+	__u8 fan_in0;    /* workers that complete a first-level sum */
+	__u8 fan_in1;    /* first-level switches that complete a second-level sum (0 = single level) */
+	__u8 worker_id;  /* sender's id within the job, 0..31 (membership / anti-spoofing) */
+	__u8 reserved;   /* must be 0 */
+};
+
+_Static_assert(sizeof(struct hdr) == LIMIT_HDR_SIZE, "struct hdr must stay 32 bytes");
+
+/* Slot states (slot.state). */
+enum slot_state {
+	SLOT_FREE = 0,
+	SLOT_AGGREGATING = 1, /* reserved by <job,seq>, waiting for more contributions */
+	SLOT_COMPLETE = 2,    /* sum complete; kept as the shadow copy for retransmits until reused */
+};
+
+/*
+ * One aggregator (ATP Fig. 6 / a SwitchML slot). Map `slots`, ARRAY keyed by agg_index (u32, host
+ * order). All fields are updated under `lock`. Values are host-order (little-endian) int32.
+ */
+struct slot {
+	struct bpf_spin_lock lock;
+	__u32 job_id;    /* owner of the slot while state != SLOT_FREE */
+	__u32 seq;       /* fragment the slot aggregates */
+	__u32 bitmap;    /* contributors already summed (packet bitmap of the switch's level) */
+	__u16 nvals;     /* value count of this fragment; every contribution must match */
+	__u8 state;      /* enum slot_state */
+	__u8 counter;    /* distinct contributions summed */
+	__u8 fan_in;     /* contributions that complete the sum */
+	__u8 scale_log2; /* copied from the first packet */
+	__u16 flags;     /* F_ECN | F_OVERFLOW accumulated over contributions */
+	__u64 ts_ns;     /* bpf_ktime_get_ns() of the last update: age for reclaiming abandoned slots */
+	__s32 vals[XAGG_MAX_VALUES];
+};
+
+/*
+ * Where a job's results go out of one switch port. Map `members`, HASH keyed by struct member_key.
+ * The devmap egress program rewrites each broadcast copy of a result with this.
+ */
+struct member_key {
+	__u32 job_id;  /* host order */
+	__u32 ifindex; /* switch port (egress ifindex), host order */
+};
+
+struct member {
+	__u8 dst_mac[6]; /* worker's MAC */
+	__u8 src_mac[6]; /* switch port's MAC */
+	__u32 dst_ip;    /* worker's IPv4, network byte order */
+	__u32 src_ip;    /* source address results carry (the PS), network byte order */
+	__u16 dst_port;  /* worker's UDP port, network byte order */
+	__u8 worker_id;  /* worker id within the job */
+	__u8 pad;
+};
+
+/*
+ * Per-CPU counters. Map `counters`, PERCPU_ARRAY keyed by enum counter (u32), value u64 (host order).
+ * Every packet at the aggregation port counts in CNT_RX and in exactly one verdict: AGGREGATED,
+ * DUPLICATE, TO_PS, MALFORMED, PS_RESULT, SHADOW_TX or CONTROL. COMPLETED, COLLISION, OVERFLOW and
+ * RECLAIMED count events on top of a verdict; EGRESS_* count broadcast copies per port.
+ */
+enum counter {
+	CNT_RX = 0,          /* xdpagg packets (UDP to the aggregation port) seen at ingress */
+	CNT_AGGREGATED,      /* data packets summed into a slot (including the completing one) */
+	CNT_COMPLETED,       /* sums completed in-switch and broadcast to the job */
+	CNT_DUPLICATE,       /* data packets whose contributor was already in the slot: dropped */
+	CNT_COLLISION,       /* data packets sent on to the PS because the slot was held by another <job,seq> */
+	CNT_OVERFLOW,        /* completed sums that saturated: broadcast with F_OVERFLOW for PS repair */
+	CNT_TO_PS,           /* data packets sent on to the PS for any reason (collision, encoding, resend) */
+	CNT_MALFORMED,       /* truncated, lying lengths, bad version/type/encoding/index: dropped */
+	CNT_NON_AGG,         /* not xdpagg traffic: passed to the kernel to be forwarded or delivered */
+	CNT_PS_RESULT,       /* results from the PS broadcast to the job */
+	CNT_SHADOW_TX,       /* retransmitted fragments answered from a completed slot (shadow copy) */
+	CNT_RECLAIMED,       /* abandoned completed slots reclaimed after the timeout */
+	CNT_EGRESS_TX,       /* result copies rewritten and sent out a member port */
+	CNT_EGRESS_SKIP,     /* result copies dropped on ports with no member of the job */
+	CNT_REDIRECT_ERR,    /* broadcast redirects that failed */
+	CNT_CONTROL,         /* control messages passed up to the agent */
+	CNT_MAX,
+};
+
+/* Per-CPU scratch for moving fragment values between packet and slot (too big for the stack). */
+struct scratch {
+	__s32 vals[XAGG_MAX_VALUES];
+};
+
+#endif /* __XDPAGG_H */

@@ -1,0 +1,235 @@
+// Package loader loads the xdpagg switch programs with their runtime configuration, attaches them
+// to switch ports, and pins maps and links under a per-switch bpffs directory so other processes
+// (xdpagg inspect) can read a live switch.
+//
+// Calls that name interfaces (Attach*) act in the network namespace of the calling OS thread:
+// callers that work in another namespace lock their thread and enter it first.
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/maps"
+)
+
+// Sentinel errors; wrapped with details by the functions that return them.
+var (
+	ErrConfig      = errors.New("invalid switch configuration")
+	ErrAttached    = errors.New("interface already attached")
+	ErrNotAttached = errors.New("interface not attached")
+	ErrNotBPFFS    = errors.New("not a bpffs directory")
+)
+
+// Limits of the compiled program, from bpf/xdpagg.h.
+const (
+	MaxPoolSize = 1 << 20
+	DefaultPort = bpf.DefaultPort
+)
+
+// Config is the switch's runtime configuration, written into the program's `volatile const`
+// globals before load.
+type Config struct {
+	// Port is the UDP port of xdpagg traffic (default 9510).
+	Port uint16
+	// PoolSize is the number of aggregator slots (default 4096). Workers must use the same value.
+	PoolSize uint32
+	// SlotTimeout is how long a completed slot is kept for retransmits before any job may take it
+	// (default 5s). A job's own later fragments reuse its slots without waiting.
+	SlotTimeout time.Duration
+	// Generic attaches in generic (skb) XDP mode instead of native mode.
+	Generic bool
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	if c.PoolSize == 0 {
+		c.PoolSize = 4096
+	}
+	if c.SlotTimeout == 0 {
+		c.SlotTimeout = 5 * time.Second
+	}
+	return c
+}
+
+// Validate reports what to change in a configuration that cannot work.
+func (c Config) Validate() error {
+	if c.PoolSize == 0 || c.PoolSize > MaxPoolSize {
+		return fmt.Errorf("%w: pool size %d: use 1..%d slots", ErrConfig, c.PoolSize, MaxPoolSize)
+	}
+	if c.SlotTimeout < time.Millisecond {
+		return fmt.Errorf("%w: slot timeout %v: use at least 1ms", ErrConfig, c.SlotTimeout)
+	}
+	return nil
+}
+
+// Switch is a loaded xdpagg switch: its programs, maps and port attachments.
+type Switch struct {
+	Config  Config
+	Objects bpf.XdpaggObjects
+	Maps    *maps.Maps
+	links   map[int]link.Link // by ifindex
+	pinDir  string
+}
+
+// Spec returns the compiled collection spec with cfg applied (constants set, pool sized).
+func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
+	spec, err := bpf.LoadXdpagg()
+	if err != nil {
+		return nil, fmt.Errorf("load embedded BPF object: %w", err)
+	}
+	sets := map[string]any{
+		bpf.XdpaggVarAggPort:       cfg.Port,
+		bpf.XdpaggVarPoolSize:      cfg.PoolSize,
+		bpf.XdpaggVarSlotTimeoutNs: uint64(cfg.SlotTimeout.Nanoseconds()),
+	}
+	for name, v := range sets {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return nil, fmt.Errorf("BPF object has no variable %q", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	spec.Maps[bpf.XdpaggMapSlots].MaxEntries = cfg.PoolSize
+	return spec, nil
+}
+
+// Load loads the switch programs and maps into the kernel. Nothing is attached yet.
+func Load(cfg Config) (*Switch, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+	spec, err := Spec(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Switch{Config: cfg, links: map[int]link.Link{}}
+	if err := spec.LoadAndAssign(&s.Objects, nil); err != nil {
+		return nil, fmt.Errorf("load switch programs: %w", err)
+	}
+	s.Maps = maps.New(s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters)
+	return s, nil
+}
+
+// AttachPort attaches the switch program to a port (an ifindex in the calling thread's network
+// namespace) and adds it to the broadcast set that results go out of.
+func (s *Switch) AttachPort(ifindex int) error {
+	if _, ok := s.links[ifindex]; ok {
+		return fmt.Errorf("%w: ifindex %d", ErrAttached, ifindex)
+	}
+	flags := link.XDPDriverMode
+	if s.Config.Generic {
+		flags = link.XDPGenericMode
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: s.Objects.XdpaggSwitch, Interface: ifindex, Flags: flags})
+	if err != nil {
+		return fmt.Errorf("attach XDP to ifindex %d: %w", ifindex, err)
+	}
+	val := bpf.XdpaggBpfDevmapVal{Ifindex: uint32(ifindex)}
+	val.BpfProg.Fd = int32(s.Objects.XdpaggEgress.FD())
+	if err := s.Objects.Ports.Put(uint32(ifindex), &val); err != nil {
+		l.Close()
+		return fmt.Errorf("add ifindex %d to the broadcast ports: %w", ifindex, err)
+	}
+	s.links[ifindex] = l
+	if s.pinDir != "" {
+		if err := l.Pin(s.linkPin(ifindex)); err != nil {
+			return fmt.Errorf("pin link of ifindex %d: %w", ifindex, err)
+		}
+	}
+	return nil
+}
+
+// DetachPort removes a port from the switch.
+func (s *Switch) DetachPort(ifindex int) error {
+	l, ok := s.links[ifindex]
+	if !ok {
+		return fmt.Errorf("%w: ifindex %d", ErrNotAttached, ifindex)
+	}
+	delete(s.links, ifindex)
+	err := s.Objects.Ports.Delete(uint32(ifindex))
+	if s.pinDir != "" {
+		_ = l.Unpin()
+	}
+	return errors.Join(err, l.Close())
+}
+
+// Ports returns the attached ifindexes.
+func (s *Switch) Ports() []int {
+	out := make([]int, 0, len(s.links))
+	for i := range s.links {
+		out = append(out, i)
+	}
+	return out
+}
+
+// Pin pins the maps (dir/maps/NAME) and, from now on, the port links (dir/links/IFINDEX) under
+// dir, which must be on a bpffs (see MountBPFFS). Close removes the pins.
+func (s *Switch) Pin(dir string) error {
+	if err := CheckBPFFS(dir); err != nil {
+		return err
+	}
+	for _, sub := range []string{"maps", "links"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+			return fmt.Errorf("create pin directory: %w", err)
+		}
+	}
+	named := map[string]*ebpf.Map{
+		bpf.XdpaggMapSlots:    s.Objects.Slots,
+		bpf.XdpaggMapMembers:  s.Objects.Members,
+		bpf.XdpaggMapPorts:    s.Objects.Ports,
+		bpf.XdpaggMapCounters: s.Objects.Counters,
+	}
+	for name, m := range named {
+		if err := m.Pin(filepath.Join(dir, "maps", name)); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	s.pinDir = dir
+	for ifindex, l := range s.links {
+		if err := l.Pin(s.linkPin(ifindex)); err != nil {
+			return fmt.Errorf("pin link of ifindex %d: %w", ifindex, err)
+		}
+	}
+	return nil
+}
+
+func (s *Switch) linkPin(ifindex int) string {
+	return filepath.Join(s.pinDir, "links", fmt.Sprint(ifindex))
+}
+
+// Close detaches every port, unpins everything it pinned and releases the programs and maps.
+func (s *Switch) Close() error {
+	var errs []error
+	for ifindex := range s.links {
+		errs = append(errs, s.DetachPort(ifindex))
+	}
+	if s.pinDir != "" {
+		for _, m := range []*ebpf.Map{s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters} {
+			errs = append(errs, m.Unpin())
+		}
+		_ = os.Remove(filepath.Join(s.pinDir, "maps"))
+		_ = os.Remove(filepath.Join(s.pinDir, "links"))
+		_ = os.Remove(s.pinDir)
+		s.pinDir = ""
+	}
+	errs = append(errs, s.Objects.Close())
+	return errors.Join(errs...)
+}

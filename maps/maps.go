@@ -1,0 +1,366 @@
+// Package maps gives typed access to every map of a loaded or pinned xdpagg switch.
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpagg/xdpagg/bpf"
+)
+
+// Sentinel errors.
+var (
+	ErrNoSwitch = errors.New("no xdpagg switch pinned there")
+	ErrBadIndex = errors.New("slot index out of range")
+)
+
+// Counter identifies one switch counter (the C enum counter).
+type Counter = bpf.XdpaggCounter
+
+// Counter IDs under short Go names.
+const (
+	CntRx          = bpf.XdpaggCounterCNT_RX
+	CntAggregated  = bpf.XdpaggCounterCNT_AGGREGATED
+	CntCompleted   = bpf.XdpaggCounterCNT_COMPLETED
+	CntDuplicate   = bpf.XdpaggCounterCNT_DUPLICATE
+	CntCollision   = bpf.XdpaggCounterCNT_COLLISION
+	CntOverflow    = bpf.XdpaggCounterCNT_OVERFLOW
+	CntToPS        = bpf.XdpaggCounterCNT_TO_PS
+	CntMalformed   = bpf.XdpaggCounterCNT_MALFORMED
+	CntNonAgg      = bpf.XdpaggCounterCNT_NON_AGG
+	CntPSResult    = bpf.XdpaggCounterCNT_PS_RESULT
+	CntShadowTx    = bpf.XdpaggCounterCNT_SHADOW_TX
+	CntReclaimed   = bpf.XdpaggCounterCNT_RECLAIMED
+	CntEgressTx    = bpf.XdpaggCounterCNT_EGRESS_TX
+	CntEgressSkip  = bpf.XdpaggCounterCNT_EGRESS_SKIP
+	CntRedirectErr = bpf.XdpaggCounterCNT_REDIRECT_ERR
+	CntControl     = bpf.XdpaggCounterCNT_CONTROL
+	NumCounters    = int(bpf.XdpaggCounterCNT_MAX)
+)
+
+var counterNames = [NumCounters]string{
+	CntRx:          "rx",
+	CntAggregated:  "aggregated",
+	CntCompleted:   "completed",
+	CntDuplicate:   "duplicate",
+	CntCollision:   "collision",
+	CntOverflow:    "overflow",
+	CntToPS:        "to_ps",
+	CntMalformed:   "malformed",
+	CntNonAgg:      "non_agg",
+	CntPSResult:    "ps_result",
+	CntShadowTx:    "shadow_tx",
+	CntReclaimed:   "reclaimed",
+	CntEgressTx:    "egress_tx",
+	CntEgressSkip:  "egress_skip",
+	CntRedirectErr: "redirect_err",
+	CntControl:     "control",
+}
+
+// CounterName is the stable snake_case name of a counter (used in JSON and metrics).
+func CounterName(c Counter) string {
+	if int(c) < NumCounters && counterNames[c] != "" {
+		return counterNames[c]
+	}
+	return fmt.Sprintf("counter_%d", uint32(c))
+}
+
+// Counters is a snapshot of all counters, summed over CPUs, indexed by Counter.
+type Counters [NumCounters]uint64
+
+// Map returns the counters by name.
+func (c Counters) Map() map[string]uint64 {
+	out := make(map[string]uint64, NumCounters)
+	for i, v := range c {
+		out[CounterName(Counter(i))] = v
+	}
+	return out
+}
+
+// Sub returns c - prev, counter by counter.
+func (c Counters) Sub(prev Counters) Counters {
+	for i := range c {
+		c[i] -= prev[i]
+	}
+	return c
+}
+
+// Maps holds the switch's maps.
+type Maps struct {
+	Slots    *ebpf.Map // agg_index -> bpf.XdpaggSlot
+	Members  *ebpf.Map // bpf.XdpaggMemberKey -> bpf.XdpaggMember
+	Ports    *ebpf.Map // ifindex -> bpf.XdpaggBpfDevmapVal
+	Counters *ebpf.Map // Counter -> per-CPU uint64
+	owned    bool
+}
+
+// New wraps maps of a switch loaded in this process.
+func New(slots, members, ports, counters *ebpf.Map) *Maps {
+	return &Maps{Slots: slots, Members: members, Ports: ports, Counters: counters}
+}
+
+// OpenPinned opens the maps a switch pinned under dir (loader.Switch.Pin).
+func OpenPinned(dir string) (*Maps, error) {
+	m := &Maps{owned: true}
+	for name, dst := range map[string]**ebpf.Map{
+		bpf.XdpaggMapSlots:    &m.Slots,
+		bpf.XdpaggMapMembers:  &m.Members,
+		bpf.XdpaggMapPorts:    &m.Ports,
+		bpf.XdpaggMapCounters: &m.Counters,
+	} {
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", name), &ebpf.LoadPinOptions{ReadOnly: false})
+		if err != nil {
+			m.Close()
+			if errors.Is(err, unix.ENOENT) {
+				return nil, fmt.Errorf("%w: %s: %w", ErrNoSwitch, dir, err)
+			}
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		*dst = mp
+	}
+	return m, nil
+}
+
+// Close closes maps opened by OpenPinned (maps given to New belong to their loader).
+func (m *Maps) Close() error {
+	if !m.owned {
+		return nil
+	}
+	var errs []error
+	for _, mp := range []*ebpf.Map{m.Slots, m.Members, m.Ports, m.Counters} {
+		if mp != nil {
+			errs = append(errs, mp.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ReadCounters sums every counter over all CPUs.
+func (m *Maps) ReadCounters() (Counters, error) {
+	var out Counters
+	var percpu []uint64
+	for i := range NumCounters {
+		if err := m.Counters.Lookup(uint32(i), &percpu); err != nil {
+			return out, fmt.Errorf("read counter %s: %w", CounterName(Counter(i)), err)
+		}
+		for _, v := range percpu {
+			out[i] += v
+		}
+	}
+	return out, nil
+}
+
+// PoolSize is the number of aggregator slots.
+func (m *Maps) PoolSize() uint32 { return m.Slots.MaxEntries() }
+
+// Slot reads one aggregator slot.
+func (m *Maps) Slot(idx uint32) (bpf.XdpaggSlot, error) {
+	var s bpf.XdpaggSlot
+	if idx >= m.PoolSize() {
+		return s, fmt.Errorf("%w: %d of %d", ErrBadIndex, idx, m.PoolSize())
+	}
+	if err := m.Slots.Lookup(idx, &s); err != nil {
+		return s, fmt.Errorf("read slot %d: %w", idx, err)
+	}
+	return s, nil
+}
+
+// SlotInfo summarises a slot in use.
+type SlotInfo struct {
+	Index    uint32        `json:"index"`
+	JobID    uint32        `json:"job"`
+	Seq      uint32        `json:"seq"`
+	State    string        `json:"state"`
+	Bitmap   uint32        `json:"bitmap"`
+	Counter  uint8         `json:"counter"`
+	FanIn    uint8         `json:"fan_in"`
+	Values   uint16        `json:"values"`
+	Overflow bool          `json:"overflow"`
+	ECN      bool          `json:"ecn"`
+	Age      time.Duration `json:"age_ns"`
+}
+
+// StateName names a slot state.
+func StateName(s uint8) string {
+	switch bpf.XdpaggSlotState(s) {
+	case bpf.XdpaggSlotStateSLOT_FREE:
+		return "free"
+	case bpf.XdpaggSlotStateSLOT_AGGREGATING:
+		return "aggregating"
+	case bpf.XdpaggSlotStateSLOT_COMPLETE:
+		return "complete"
+	}
+	return fmt.Sprintf("state_%d", s)
+}
+
+// SlotsInUse lists every slot that is not free. Ages are against CLOCK_MONOTONIC, the clock of
+// bpf_ktime_get_ns.
+func (m *Maps) SlotsInUse() ([]SlotInfo, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, fmt.Errorf("read monotonic clock: %w", err)
+	}
+	now := uint64(ts.Nano())
+	var out []SlotInfo
+	var (
+		idx uint32
+		s   bpf.XdpaggSlot
+	)
+	it := m.Slots.Iterate()
+	for it.Next(&idx, &s) {
+		if s.State == uint8(bpf.XdpaggSlotStateSLOT_FREE) {
+			continue
+		}
+		info := SlotInfo{
+			Index: idx, JobID: s.JobId, Seq: s.Seq, State: StateName(s.State), Bitmap: s.Bitmap,
+			Counter: s.Counter, FanIn: s.FanIn, Values: s.Nvals,
+			Overflow: s.Flags&uint16(bpf.XdpaggFlagF_OVERFLOW) != 0,
+			ECN:      s.Flags&uint16(bpf.XdpaggFlagF_ECN) != 0,
+		}
+		if now > s.TsNs {
+			info.Age = time.Duration(now - s.TsNs)
+		}
+		out = append(out, info)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate slots: %w", err)
+	}
+	return out, nil
+}
+
+// ResetSlots frees every slot (a fresh pool). Only safe while no job is running.
+func (m *Maps) ResetSlots() error {
+	var zero bpf.XdpaggSlot
+	for i := range m.PoolSize() {
+		if err := m.Slots.Put(i, &zero); err != nil {
+			return fmt.Errorf("reset slot %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// Member says where one worker of a job is reached from the switch.
+type Member struct {
+	JobID    uint32           `json:"job"`
+	WorkerID uint8            `json:"worker"`
+	Ifindex  uint32           `json:"ifindex"`  // switch port the worker is behind
+	Addr     netip.AddrPort   `json:"addr"`     // worker's IPv4 address and UDP port
+	MAC      net.HardwareAddr `json:"mac"`      // worker's MAC (next hop from that port)
+	PortMAC  net.HardwareAddr `json:"port_mac"` // the switch port's MAC
+	SrcIP    netip.Addr       `json:"src_ip"`   // source address results carry (the PS)
+}
+
+// ErrBadMember is returned for members that cannot be encoded.
+var ErrBadMember = errors.New("invalid job member")
+
+func (mb Member) encode() (bpf.XdpaggMemberKey, bpf.XdpaggMember, error) {
+	k := bpf.XdpaggMemberKey{JobId: mb.JobID, Ifindex: mb.Ifindex}
+	var v bpf.XdpaggMember
+	if mb.JobID == 0 {
+		return k, v, fmt.Errorf("%w: job id 0 is reserved", ErrBadMember)
+	}
+	if !mb.Addr.Addr().Is4() || !mb.SrcIP.Is4() {
+		return k, v, fmt.Errorf("%w: worker %v and source %v must be IPv4", ErrBadMember, mb.Addr, mb.SrcIP)
+	}
+	if len(mb.MAC) != 6 || len(mb.PortMAC) != 6 {
+		return k, v, fmt.Errorf("%w: MACs %v / %v must be 6 bytes", ErrBadMember, mb.MAC, mb.PortMAC)
+	}
+	if int(mb.WorkerID) >= bpf.MaxWorkers {
+		return k, v, fmt.Errorf("%w: worker id %d: use 0..%d", ErrBadMember, mb.WorkerID, bpf.MaxWorkers-1)
+	}
+	copy(v.DstMac[:], mb.MAC)
+	copy(v.SrcMac[:], mb.PortMAC)
+	v.DstIp = ipToNetwork(mb.Addr.Addr())
+	v.SrcIp = ipToNetwork(mb.SrcIP)
+	p := mb.Addr.Port()
+	v.DstPort = p>>8 | p<<8 // network byte order in a host-order (little-endian) field
+	v.WorkerId = mb.WorkerID
+	return k, v, nil
+}
+
+// ipToNetwork returns the uint32 whose in-memory (little-endian) bytes are the address in network order.
+func ipToNetwork(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+
+func ipFromNetwork(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
+}
+
+// PutMember adds or replaces a job member behind a port.
+func (m *Maps) PutMember(mb Member) error {
+	k, v, err := mb.encode()
+	if err != nil {
+		return err
+	}
+	if err := m.Members.Put(&k, &v); err != nil {
+		return fmt.Errorf("write member job %d ifindex %d: %w", mb.JobID, mb.Ifindex, err)
+	}
+	return nil
+}
+
+// DeleteMember removes the member of job behind ifindex.
+func (m *Maps) DeleteMember(job, ifindex uint32) error {
+	k := bpf.XdpaggMemberKey{JobId: job, Ifindex: ifindex}
+	if err := m.Members.Delete(&k); err != nil {
+		return fmt.Errorf("delete member job %d ifindex %d: %w", job, ifindex, err)
+	}
+	return nil
+}
+
+// ListMembers returns every member, ordered by job then worker.
+func (m *Maps) ListMembers() ([]Member, error) {
+	var (
+		k   bpf.XdpaggMemberKey
+		v   bpf.XdpaggMember
+		out []Member
+	)
+	it := m.Members.Iterate()
+	for it.Next(&k, &v) {
+		p := v.DstPort>>8 | v.DstPort<<8
+		out = append(out, Member{
+			JobID: k.JobId, WorkerID: v.WorkerId, Ifindex: k.Ifindex,
+			Addr:    netip.AddrPortFrom(ipFromNetwork(v.DstIp), p),
+			MAC:     net.HardwareAddr(append([]byte(nil), v.DstMac[:]...)),
+			PortMAC: net.HardwareAddr(append([]byte(nil), v.SrcMac[:]...)),
+			SrcIP:   ipFromNetwork(v.SrcIp),
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate members: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].JobID != out[j].JobID {
+			return out[i].JobID < out[j].JobID
+		}
+		return out[i].WorkerID < out[j].WorkerID
+	})
+	return out, nil
+}
+
+// ListPorts returns the ifindexes of the broadcast ports.
+func (m *Maps) ListPorts() ([]uint32, error) {
+	var (
+		k   uint32
+		v   bpf.XdpaggBpfDevmapVal
+		out []uint32
+	)
+	it := m.Ports.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, k)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate ports: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
