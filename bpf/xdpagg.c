@@ -530,3 +530,4 @@ const volatile enum flag unused_flag;
 const volatile enum slot_state unused_slot_state;
 const volatile enum limit unused_limit;
 struct hdr *const volatile unused_hdr;
+struct join_body *const volatile unused_join_body;

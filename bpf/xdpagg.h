@@ -91,6 +91,17 @@ struct hdr {
 
 _Static_assert(sizeof(struct hdr) == LIMIT_HDR_SIZE, "struct hdr must stay 32 bytes");
 
+/*
+ * Body of MSG_JOIN / MSG_LEAVE (after a header with count = 0): what the switch needs to send a
+ * job's results to this worker. The worker's IP and UDP port are the packet's source; the switch
+ * port is where the packet arrived. Answered by MSG_ACK (header only) from the agent.
+ */
+struct join_body {
+	__u8 mac[6];     /* worker's MAC on its link to the switch */
+	__u16 reserved;  /* 0 */
+	__u32 result_ip; /* source address results carry (normally the PS), network byte order */
+};
+
 /* Slot states (slot.state). */
 enum slot_state {
 	SLOT_FREE = 0,

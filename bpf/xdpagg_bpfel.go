@@ -83,6 +83,13 @@ type XdpaggHdr struct {
 	Reserved  uint8
 }
 
+type XdpaggJoinBody struct {
+	_        structs.HostLayout
+	Mac      [6]uint8
+	Reserved uint16
+	ResultIp uint32
+}
+
 type XdpaggLimit uint32
 
 const (
@@ -174,6 +181,7 @@ const (
 	XdpaggVarUnusedEncoding  = "unused_encoding"
 	XdpaggVarUnusedFlag      = "unused_flag"
 	XdpaggVarUnusedHdr       = "unused_hdr"
+	XdpaggVarUnusedJoinBody  = "unused_join_body"
 	XdpaggVarUnusedLimit     = "unused_limit"
 	XdpaggVarUnusedMsgType   = "unused_msg_type"
 	XdpaggVarUnusedSlotState = "unused_slot_state"
@@ -248,6 +256,7 @@ type XdpaggVariableSpecs struct {
 	UnusedEncoding  *ebpf.VariableSpec `ebpf:"unused_encoding"`
 	UnusedFlag      *ebpf.VariableSpec `ebpf:"unused_flag"`
 	UnusedHdr       *ebpf.VariableSpec `ebpf:"unused_hdr"`
+	UnusedJoinBody  *ebpf.VariableSpec `ebpf:"unused_join_body"`
 	UnusedLimit     *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedMsgType   *ebpf.VariableSpec `ebpf:"unused_msg_type"`
 	UnusedSlotState *ebpf.VariableSpec `ebpf:"unused_slot_state"`
@@ -301,6 +310,7 @@ type XdpaggVariables struct {
 	UnusedEncoding  *ebpf.Variable `ebpf:"unused_encoding"`
 	UnusedFlag      *ebpf.Variable `ebpf:"unused_flag"`
 	UnusedHdr       *ebpf.Variable `ebpf:"unused_hdr"`
+	UnusedJoinBody  *ebpf.Variable `ebpf:"unused_join_body"`
 	UnusedLimit     *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedMsgType   *ebpf.Variable `ebpf:"unused_msg_type"`
 	UnusedSlotState *ebpf.Variable `ebpf:"unused_slot_state"`

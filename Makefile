@@ -1,0 +1,40 @@
+# xdpagg. The two commands a fresh machine needs: `make demo` and `make test` (as root).
+SHELL := /bin/bash
+GO ?= go
+export PATH := $(PATH):/usr/local/go/bin
+BIN := bin/xdpagg
+TEST_TIMEOUT ?= 40m
+
+.PHONY: all deps deps-clang generate check-generated build test demo lint clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+deps-clang:
+	@scripts/deps.sh --clang
+
+# Regenerate the BPF objects and Go bindings (needs clang; commit the result).
+generate: deps-clang
+	cd bpf && $(GO) generate ./...
+
+# Regenerate and fail if the committed objects are stale (CI runs this when clang is present).
+check-generated: generate
+	@git diff --exit-code --stat -- bpf/ || { echo "bpf/: generated files are stale: run 'make generate' and commit" >&2; exit 1; }
+
+build:
+	$(GO) build -o $(BIN) ./cmd/xdpagg
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out" >&2; exit 1; fi
+	$(GO) vet ./...
+
+test: deps lint
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+demo: deps build
+	./$(BIN) demo
+
+clean:
+	rm -rf bin

@@ -1,0 +1,183 @@
+// Package agent is the switch-CPU daemon: it loads and attaches the XDP switch, pins its maps for
+// other processes, answers control messages, exports metrics, and tears everything down on exit.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netlink"
+
+	"github.com/xdpagg/xdpagg/loader"
+)
+
+// DefaultPinRoot is where switches pin their maps, one directory per switch name.
+const DefaultPinRoot = "/sys/fs/bpf/xdpagg"
+
+// ErrConfig reports an unusable agent configuration.
+var ErrConfig = errors.New("invalid agent configuration")
+
+// Config configures one switch daemon.
+type Config struct {
+	Name        string   // switch name: pins go to PinRoot/Name
+	Interfaces  []string // ports to attach, in the agent's network namespace
+	PinRoot     string   // bpffs directory (default DefaultPinRoot; mounted if needed)
+	Switch      loader.Config
+	MetricsAddr string // host:port for /metrics; empty = no metrics server
+	ReadyFile   string // written (JSON) once the switch is attached and serving; removed on exit
+	Log         *slog.Logger
+}
+
+// Ready is what the ready file contains.
+type Ready struct {
+	Name        string   `json:"name"`
+	PinDir      string   `json:"pin_dir"`
+	Interfaces  []string `json:"interfaces"`
+	Port        uint16   `json:"port"`
+	PoolSize    uint32   `json:"pool_size"`
+	MetricsAddr string   `json:"metrics_addr,omitempty"`
+	PID         int      `json:"pid"`
+}
+
+// PinDir is the directory a switch named name pins under root.
+func PinDir(root, name string) string {
+	if root == "" {
+		root = DefaultPinRoot
+	}
+	return filepath.Join(root, name)
+}
+
+// Validate says what to change in an unusable configuration.
+func (c Config) Validate() error {
+	if c.Name == "" || filepath.Base(c.Name) != c.Name || c.Name == "." || c.Name == ".." {
+		return fmt.Errorf("%w: switch name %q: use a plain name like \"default\"", ErrConfig, c.Name)
+	}
+	if len(c.Interfaces) == 0 {
+		return fmt.Errorf("%w: no interfaces: name the switch ports, e.g. --iface eth1,eth2", ErrConfig)
+	}
+	seen := map[string]bool{}
+	for _, i := range c.Interfaces {
+		if seen[i] {
+			return fmt.Errorf("%w: interface %q named twice", ErrConfig, i)
+		}
+		seen[i] = true
+	}
+	return c.Switch.WithDefaults().Validate()
+}
+
+// Run loads and attaches the switch and serves until ctx is done, then detaches and unpins.
+func Run(ctx context.Context, cfg Config) (err error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := cfg.Log
+	root := cfg.PinRoot
+	if root == "" {
+		root = DefaultPinRoot
+	}
+	if err := loader.MountBPFFS(root); err != nil {
+		return err
+	}
+	dir := PinDir(root, cfg.Name)
+	if _, err := os.Stat(dir); err == nil {
+		return fmt.Errorf("%w: %s exists: is switch %q already running? (stop it, or remove the directory if it crashed)", ErrConfig, dir, cfg.Name)
+	}
+
+	links := make([]netlink.Link, 0, len(cfg.Interfaces))
+	for _, name := range cfg.Interfaces {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("%w: interface %q: %w", ErrConfig, name, err)
+		}
+		links = append(links, l)
+	}
+
+	sw, err := loader.Load(cfg.Switch)
+	if err != nil {
+		return fmt.Errorf("load switch: %w", err) // callers print with %+v for the verifier log
+	}
+	defer func() {
+		if cerr := sw.Close(); cerr != nil {
+			log.Error("teardown", "err", cerr)
+		}
+		log.Info("switch detached and unpinned", "name", cfg.Name)
+	}()
+	if err := sw.Pin(dir); err != nil {
+		return err
+	}
+	ports := map[int]net.HardwareAddr{}
+	for _, l := range links {
+		if err := sw.AttachPort(l.Attrs().Index); err != nil {
+			return fmt.Errorf("attach %s: %w", l.Attrs().Name, err)
+		}
+		ports[l.Attrs().Index] = l.Attrs().HardwareAddr
+		log.Info("port attached", "iface", l.Attrs().Name, "ifindex", l.Attrs().Index)
+	}
+
+	ctrl, err := ListenControl(sw.Config.Port, sw.Maps, ports, log)
+	if err != nil {
+		return err
+	}
+	defer ctrl.Close()
+	ctrlDone := make(chan error, 1)
+	go func() { ctrlDone <- ctrl.Serve(ctx) }()
+
+	var srv *http.Server
+	metricsAddr := ""
+	if cfg.MetricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(NewCollector(sw.Maps))
+		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("%w: metrics address %q: %w", ErrConfig, cfg.MetricsAddr, err)
+		}
+		metricsAddr = ln.Addr().String()
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server", "err", err)
+			}
+		}()
+		defer srv.Close()
+		log.Info("metrics", "addr", metricsAddr)
+	}
+
+	if cfg.ReadyFile != "" {
+		r := Ready{Name: cfg.Name, PinDir: dir, Interfaces: cfg.Interfaces, Port: sw.Config.Port,
+			PoolSize: sw.Config.PoolSize, MetricsAddr: metricsAddr, PID: os.Getpid()}
+		b, _ := json.MarshalIndent(r, "", "  ")
+		tmp := cfg.ReadyFile + ".tmp"
+		if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write ready file: %w", err)
+		}
+		if err := os.Rename(tmp, cfg.ReadyFile); err != nil {
+			return fmt.Errorf("write ready file: %w", err)
+		}
+		defer os.Remove(cfg.ReadyFile)
+	}
+	log.Info("switch serving", "name", cfg.Name, "pin_dir", dir, "port", sw.Config.Port, "pool", sw.Config.PoolSize)
+
+	select {
+	case <-ctx.Done():
+	case err := <-ctrlDone:
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

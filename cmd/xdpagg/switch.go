@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/xdpagg/xdpagg/agent"
+	"github.com/xdpagg/xdpagg/loader"
+)
+
+func runSwitch(args []string, _ io.Writer) error {
+	fs := flag.NewFlagSet("switch", flag.ContinueOnError)
+	var (
+		ifaces  = fs.String("iface", "", "comma-separated switch ports to attach (required), e.g. eth1,eth2")
+		name    = fs.String("name", "default", "switch name; maps are pinned under <pin-root>/<name>")
+		pinRoot = fs.String("pin-root", agent.DefaultPinRoot, "bpffs directory for pins (mounted if needed)")
+		port    = fs.Uint("port", uint(loader.DefaultPort), "UDP port of xdpagg traffic")
+		pool    = fs.Uint("pool", 4096, "aggregator slots; workers must use the same value")
+		timeout = fs.Duration("slot-timeout", 5*time.Second, "idle time after which a completed slot may be taken by another job")
+		generic = fs.Bool("generic", false, "attach in generic (skb) XDP mode instead of native")
+		metrics = fs.String("metrics-addr", "", "serve Prometheus metrics at host:port (empty: off)")
+		ready   = fs.String("ready-file", "", "write this JSON file once serving (for scripts and tests); removed on exit")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *ifaces == "" {
+		return fmt.Errorf("%w: --iface is required (the interfaces to run the switch on)", errUsage)
+	}
+	if *port == 0 || *port > 65535 {
+		return fmt.Errorf("%w: --port %d: use 1..65535", errUsage, *port)
+	}
+	if *pool == 0 || *pool > loader.MaxPoolSize {
+		return fmt.Errorf("%w: --pool %d: use 1..%d", errUsage, *pool, loader.MaxPoolSize)
+	}
+	cfg := agent.Config{
+		Name:       *name,
+		Interfaces: strings.Split(*ifaces, ","),
+		PinRoot:    *pinRoot,
+		Switch: loader.Config{Port: uint16(*port), PoolSize: uint32(*pool), SlotTimeout: *timeout,
+			Generic: *generic},
+		MetricsAddr: *metrics,
+		ReadyFile:   *ready,
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w: the switch needs root (CAP_BPF, CAP_NET_ADMIN)", errUsage)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return agent.Run(ctx, cfg)
+}

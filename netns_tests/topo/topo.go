@@ -1,0 +1,404 @@
+// Package topo builds network-namespace topologies for end-to-end tests, `xdpagg demo` and
+// benchmarks: one switch namespace that routes between N hosts (workers and optionally one
+// parameter server), each host in its own namespace attached to the switch by a veth pair.
+//
+//	host ns Prefix-w0  eth0 10.200.1.2/24 ─── p0 10.200.1.1/24 ┐
+//	host ns Prefix-w1  eth0 10.200.2.2/24 ─── p1 10.200.2.1/24 ├ switch ns Prefix-sw (ip_forward=1)
+//	host ns Prefix-ps  eth0 10.200.3.2/24 ─── p2 10.200.3.1/24 ┘
+//
+// Neighbour entries are static in both directions, so nothing depends on ARP (an XDP program
+// under test may drop it). TX checksum offload is off and GRO on for every veth. IPv6 is disabled in
+// every namespace so that no stray ICMPv6 traffic reaches the programs under test.
+//
+// Namespaces are named (under /run/netns), so `ip netns exec Prefix-w0 ...` works for debugging.
+// The package never logs or exits; it returns wrapped errors.
+package topo
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// ErrConfig is wrapped by New's errors about an unusable Config.
+var ErrConfig = errors.New("invalid topology configuration")
+
+// Limits and defaults.
+const (
+	MaxWorkers = 200
+	DefaultMTU = 1500
+	// HostIfname is the name of every host's interface inside its namespace.
+	HostIfname = "eth0"
+)
+
+// Config describes a topology.
+type Config struct {
+	// Prefix is the unique name prefix of the topology, e.g. from NewPrefix(); namespaces are
+	// Prefix+"-sw", Prefix+"-w0", ..., Prefix+"-ps". Empty means NewPrefix().
+	Prefix string
+	// Workers is the number of worker hosts, 1..MaxWorkers.
+	Workers int
+	// PS adds a parameter-server host (after the workers).
+	PS bool
+	// MTU of every veth, both ends; 0 means DefaultMTU.
+	MTU int
+	// HostXDP, if set, is attached in native XDP mode to every host's eth0: XDP_TX and
+	// XDP_REDIRECT into a veth are only delivered when its peer runs an XDP program.
+	HostXDP *ebpf.Program
+}
+
+// Host is one host of a topology and the switch port it hangs off.
+type Host struct {
+	Name      string           // "w0", "w1", ..., "ps"
+	NSName    string           // full namespace name, Prefix+"-"+Name
+	Ifname    string           // HostIfname, inside the host namespace
+	Ifindex   int              // of Ifname, inside the host namespace
+	MAC       net.HardwareAddr // of Ifname
+	IP        netip.Addr       // 10.200.<i+1>.2 for the i-th host (workers first, then the PS)
+	Prefix    netip.Prefix     // the host's /24
+	Port      string           // switch-side interface, "p<i>"
+	PortIndex int              // ifindex of Port inside the switch namespace
+	PortMAC   net.HardwareAddr // of Port
+	Gateway   netip.Addr       // Port's address, 10.200.<i+1>.1: the host's default gateway
+}
+
+// Topology is a built topology. Close it to delete everything it made.
+type Topology struct {
+	Prefix   string
+	SwitchNS string  // namespace name of the switch
+	Workers  []*Host // in worker-id order
+	PS       *Host   // nil without Config.PS
+	MTU      int     // of every veth
+
+	mu         sync.Mutex
+	namespaces []string // created by this topology, in creation order
+	nsHandles  map[string]netns.NsHandle
+	nlHandles  map[string]*netlink.Handle
+	ports      []string // veths created in the switch namespace
+	xdpLinks   []link.Link
+}
+
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// New builds the topology of cfg. On error it tears down whatever it made and returns nil.
+func New(cfg Config) (*Topology, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = NewPrefix()
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = DefaultMTU
+	}
+	switch {
+	case !prefixRE.MatchString(cfg.Prefix):
+		return nil, fmt.Errorf("%w: prefix %q: use 1..64 letters, digits, '_', '.', '-'", ErrConfig, cfg.Prefix)
+	case cfg.Workers < 1 || cfg.Workers > MaxWorkers:
+		return nil, fmt.Errorf("%w: %d workers: use 1..%d", ErrConfig, cfg.Workers, MaxWorkers)
+	case cfg.MTU < 68 || cfg.MTU > 65535:
+		return nil, fmt.Errorf("%w: MTU %d: use 68..65535", ErrConfig, cfg.MTU)
+	}
+	t := &Topology{
+		Prefix:    cfg.Prefix,
+		SwitchNS:  cfg.Prefix + "-sw",
+		MTU:       cfg.MTU,
+		nsHandles: map[string]netns.NsHandle{},
+		nlHandles: map[string]*netlink.Handle{},
+	}
+	if err := t.build(cfg); err != nil {
+		if cerr := t.Close(); cerr != nil {
+			return nil, fmt.Errorf("%w (and tearing down: %w)", err, cerr)
+		}
+		return nil, err
+	}
+	return t, nil
+}
+
+// Hosts returns the workers, then the PS if any.
+func (t *Topology) Hosts() []*Host {
+	out := append([]*Host(nil), t.Workers...)
+	if t.PS != nil {
+		out = append(out, t.PS)
+	}
+	return out
+}
+
+// InSwitch runs fn on a locked OS thread inside the switch namespace (see Do).
+func (t *Topology) InSwitch(fn func() error) error {
+	return Do(t.SwitchNS, fn)
+}
+
+// InHost runs fn on a locked OS thread inside h's namespace (see Do).
+func (t *Topology) InHost(h *Host, fn func() error) error {
+	if h == nil {
+		return errors.New("topo: InHost: nil host")
+	}
+	return Do(h.NSName, fn)
+}
+
+// Close deletes every namespace and link the topology made and closes its XDP links. It is safe
+// after a partial New and when called again (a later call retries only what failed).
+func (t *Topology) Close() error {
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var errs []error
+	for _, l := range t.xdpLinks {
+		if err := l.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close host XDP link: %w", err))
+		}
+	}
+	t.xdpLinks = nil
+	// Delete the veths explicitly: a namespace lives on while anything (e.g. a test's socket)
+	// holds it, and its veths with it.
+	if h := t.nlHandles[t.SwitchNS]; h != nil {
+		for _, name := range t.ports {
+			l, err := h.LinkByName(name)
+			if err != nil {
+				var nf netlink.LinkNotFoundError
+				if !errors.As(err, &nf) {
+					errs = append(errs, fmt.Errorf("find port %s: %w", name, err))
+				}
+				continue
+			}
+			if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("delete port %s: %w", name, err))
+			}
+		}
+	}
+	t.ports = nil
+	for name, h := range t.nlHandles {
+		h.Close()
+		delete(t.nlHandles, name)
+	}
+	for name, h := range t.nsHandles {
+		if err := h.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close namespace handle %s: %w", name, err))
+		}
+		delete(t.nsHandles, name)
+	}
+	var kept []string
+	for _, name := range t.namespaces {
+		if err := deleteNamed(name); err != nil {
+			errs = append(errs, err)
+			kept = append(kept, name)
+		}
+	}
+	t.namespaces = kept
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close topology %s: %w", t.Prefix, err)
+	}
+	return nil
+}
+
+// makeNS creates a named namespace, records it for Close, turns IPv6 off, brings lo up and opens
+// a netlink handle in it.
+func (t *Topology) makeNS(name string) (netns.NsHandle, *netlink.Handle, error) {
+	nsh, created, err := newNamed(name)
+	if created {
+		t.namespaces = append(t.namespaces, name)
+	}
+	if err != nil {
+		return nsh, nil, err
+	}
+	t.nsHandles[name] = nsh
+	var nlh *netlink.Handle
+	err = DoHandle(nsh, func() error {
+		if err := disableIPv6(); err != nil {
+			return err
+		}
+		var err error
+		nlh, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return fmt.Errorf("netlink handle: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nsh, nil, fmt.Errorf("namespace %s: %w", name, err)
+	}
+	t.nlHandles[name] = nlh
+	lo, err := nlh.LinkByName("lo")
+	if err == nil {
+		err = nlh.LinkSetUp(lo)
+	}
+	if err != nil {
+		return nsh, nlh, fmt.Errorf("namespace %s: bring lo up: %w", name, err)
+	}
+	return nsh, nlh, nil
+}
+
+func (t *Topology) build(cfg Config) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	swNS, sw, err := t.makeNS(t.SwitchNS)
+	if err != nil {
+		return err
+	}
+	// Before any port exists, so the ports inherit the defaults.
+	err = DoHandle(swNS, func() error {
+		for _, kv := range [][2]string{
+			{"net.ipv4.ip_forward", "1"},
+			{"net.ipv4.conf.all.rp_filter", "0"},
+			{"net.ipv4.conf.default.rp_filter", "0"},
+		} {
+			if err := writeSysctl(kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("switch namespace %s: %w", t.SwitchNS, err)
+	}
+
+	n := cfg.Workers
+	if cfg.PS {
+		n++
+	}
+	for i := range n {
+		name := fmt.Sprintf("w%d", i)
+		if i == cfg.Workers {
+			name = "ps"
+		}
+		h, err := t.addHost(cfg, swNS, sw, i, name)
+		if err != nil {
+			return fmt.Errorf("host %s: %w", name, err)
+		}
+		if i < cfg.Workers {
+			t.Workers = append(t.Workers, h)
+		} else {
+			t.PS = h
+		}
+	}
+	return nil
+}
+
+// addHost creates host i's namespace and veth pair and wires addresses, routes and neighbours.
+func (t *Topology) addHost(cfg Config, swNS netns.NsHandle, sw *netlink.Handle, i int, name string) (*Host, error) {
+	subnet := byte(i + 1)
+	h := &Host{
+		Name:    name,
+		NSName:  t.Prefix + "-" + name,
+		Ifname:  HostIfname,
+		IP:      netip.AddrFrom4([4]byte{10, 200, subnet, 2}),
+		Prefix:  netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, subnet, 0}), 24),
+		Port:    fmt.Sprintf("p%d", i),
+		Gateway: netip.AddrFrom4([4]byte{10, 200, subnet, 1}),
+		// Locally administered MACs that spell the addresses: 02:00:0a:c8:<subnet>:<host byte>.
+		MAC:     net.HardwareAddr{0x02, 0x00, 10, 200, subnet, 2},
+		PortMAC: net.HardwareAddr{0x02, 0x00, 10, 200, subnet, 1},
+	}
+	hostNS, hn, err := t.makeNS(h.NSName)
+	if err != nil {
+		return nil, err
+	}
+
+	// The veth pair is made in the switch namespace; the peer (temporary name) moves to the host.
+	tmp := fmt.Sprintf("h%d", i)
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = h.Port
+	attrs.MTU = cfg.MTU
+	attrs.HardwareAddr = h.PortMAC
+	veth := &netlink.Veth{
+		LinkAttrs:        attrs,
+		PeerName:         tmp,
+		PeerHardwareAddr: h.MAC,
+		PeerMTU:          uint32(cfg.MTU),
+		PeerTxQLen:       -1,
+	}
+	if err := sw.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("create veth %s/%s (MTU %d): %w", h.Port, tmp, cfg.MTU, err)
+	}
+	t.ports = append(t.ports, h.Port)
+	peer, err := sw.LinkByName(tmp)
+	if err != nil {
+		return nil, fmt.Errorf("find veth peer %s: %w", tmp, err)
+	}
+	if err := sw.LinkSetNsFd(peer, int(hostNS)); err != nil {
+		return nil, fmt.Errorf("move veth peer %s to %s: %w", tmp, h.NSName, err)
+	}
+	if peer, err = hn.LinkByName(tmp); err != nil {
+		return nil, fmt.Errorf("find moved veth peer %s: %w", tmp, err)
+	}
+	if err := hn.LinkSetName(peer, h.Ifname); err != nil {
+		return nil, fmt.Errorf("rename veth peer %s to %s: %w", tmp, h.Ifname, err)
+	}
+	eth, err := hn.LinkByName(h.Ifname)
+	if err != nil {
+		return nil, fmt.Errorf("find %s: %w", h.Ifname, err)
+	}
+	port, err := sw.LinkByName(h.Port)
+	if err != nil {
+		return nil, fmt.Errorf("find port %s: %w", h.Port, err)
+	}
+	h.Ifindex = eth.Attrs().Index
+	h.MAC = eth.Attrs().HardwareAddr
+	h.PortIndex = port.Attrs().Index
+	h.PortMAC = port.Attrs().HardwareAddr
+
+	// Offloads, from threads inside each namespace.
+	if err := DoHandle(swNS, func() error { return tuneVeth(h.Port) }); err != nil {
+		return nil, fmt.Errorf("port %s: %w", h.Port, err)
+	}
+	if err := DoHandle(hostNS, func() error { return tuneVeth(h.Ifname) }); err != nil {
+		return nil, fmt.Errorf("%s: %w", h.Ifname, err)
+	}
+
+	// Addresses, then up.
+	hostAddr := &netlink.Addr{IPNet: &net.IPNet{IP: h.IP.AsSlice(), Mask: net.CIDRMask(24, 32)}}
+	gwAddr := &netlink.Addr{IPNet: &net.IPNet{IP: h.Gateway.AsSlice(), Mask: net.CIDRMask(24, 32)}}
+	if err := sw.AddrAdd(port, gwAddr); err != nil {
+		return nil, fmt.Errorf("address %s on port %s: %w", h.Gateway, h.Port, err)
+	}
+	if err := hn.AddrAdd(eth, hostAddr); err != nil {
+		return nil, fmt.Errorf("address %s on %s: %w", h.IP, h.Ifname, err)
+	}
+	if err := sw.LinkSetUp(port); err != nil {
+		return nil, fmt.Errorf("bring port %s up: %w", h.Port, err)
+	}
+	if err := hn.LinkSetUp(eth); err != nil {
+		return nil, fmt.Errorf("bring %s up: %w", h.Ifname, err)
+	}
+
+	// Default route via the switch port, and static neighbours both ways.
+	if err := hn.RouteAdd(&netlink.Route{LinkIndex: h.Ifindex, Gw: h.Gateway.AsSlice()}); err != nil {
+		return nil, fmt.Errorf("default route via %s: %w", h.Gateway, err)
+	}
+	if err := hn.NeighSet(&netlink.Neigh{
+		LinkIndex: h.Ifindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: h.Gateway.AsSlice(), HardwareAddr: h.PortMAC,
+	}); err != nil {
+		return nil, fmt.Errorf("neighbour %s on %s: %w", h.Gateway, h.Ifname, err)
+	}
+	if err := sw.NeighSet(&netlink.Neigh{
+		LinkIndex: h.PortIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: h.IP.AsSlice(), HardwareAddr: h.MAC,
+	}); err != nil {
+		return nil, fmt.Errorf("neighbour %s on port %s: %w", h.IP, h.Port, err)
+	}
+
+	if cfg.HostXDP != nil {
+		err := DoHandle(hostNS, func() error {
+			l, err := link.AttachXDP(link.XDPOptions{Program: cfg.HostXDP, Interface: h.Ifindex, Flags: link.XDPDriverMode})
+			if err != nil {
+				return fmt.Errorf("attach host XDP program to %s: %w", h.Ifname, err)
+			}
+			t.xdpLinks = append(t.xdpLinks, l)
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}

@@ -1,0 +1,432 @@
+package topo
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// newTopo builds a topology and registers a Close that also proves nothing was left behind.
+func newTopo(t *testing.T, cfg Config) *Topology {
+	t.Helper()
+	if cfg.Prefix == "" {
+		cfg.Prefix = NewPrefix()
+	}
+	topo, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := topo.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		assertNoLeftovers(t, cfg.Prefix)
+	})
+	return topo
+}
+
+func assertNoLeftovers(t *testing.T, prefix string) {
+	t.Helper()
+	left, err := Leftovers(prefix)
+	if err != nil {
+		t.Fatalf("Leftovers: %v", err)
+	}
+	if len(left) != 0 {
+		t.Errorf("namespaces left behind: %v", left)
+	}
+}
+
+// udpListen opens a UDP socket on addr inside h's namespace.
+func udpListen(t *testing.T, topo *Topology, h *Host, port int) *net.UDPConn {
+	t.Helper()
+	var conn *net.UDPConn
+	err := topo.InHost(h, func() (err error) {
+		conn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: h.IP.AsSlice(), Port: port})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen in %s: %v", h.Name, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// sendUDP sends payload from h (its own address) to dst.
+func sendUDP(t *testing.T, topo *Topology, h *Host, dst netip.AddrPort, payload []byte) {
+	t.Helper()
+	var conn *net.UDPConn
+	err := topo.InHost(h, func() (err error) {
+		conn, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dial from %s: %v", h.Name, err)
+	}
+	defer conn.Close()
+	// Sent from the test goroutine's thread: the socket stays in h's namespace.
+	if _, err := conn.Write(payload); err != nil {
+		t.Fatalf("send from %s: %v", h.Name, err)
+	}
+}
+
+// checkWorkersReachPS sends one datagram from every worker to the PS and checks each arrives from
+// the worker's own address.
+func checkWorkersReachPS(t *testing.T, topo *Topology, port int) {
+	t.Helper()
+	ps := topo.PS
+	conn := udpListen(t, topo, ps, port)
+	for _, w := range topo.Workers {
+		msg := fmt.Sprintf("hello from %s", w.Name)
+		sendUDP(t, topo, w, netip.AddrPortFrom(ps.IP, uint16(port)), []byte(msg))
+		buf := make([]byte, 2048)
+		_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("PS receive from %s: %v", w.Name, err)
+		}
+		if got := string(buf[:n]); got != msg {
+			t.Errorf("PS got %q, want %q", got, msg)
+		}
+		if from.Addr().Unmap() != w.IP {
+			t.Errorf("datagram of %s came from %v, want %v", w.Name, from, w.IP)
+		}
+	}
+}
+
+// threadNS returns the inode of the calling thread's network namespace.
+func threadNS(t *testing.T) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func TestTopology(t *testing.T) {
+	prefix := NewPrefix()
+	topo := newTopo(t, Config{Prefix: prefix, Workers: 3, PS: true})
+
+	if topo.Prefix != prefix || topo.SwitchNS != prefix+"-sw" {
+		t.Errorf("prefix %q switch %q", topo.Prefix, topo.SwitchNS)
+	}
+	if len(topo.Workers) != 3 || topo.PS == nil || len(topo.Hosts()) != 4 || topo.Hosts()[3] != topo.PS {
+		t.Fatalf("hosts: %d workers, PS %v, Hosts %d", len(topo.Workers), topo.PS, len(topo.Hosts()))
+	}
+	want := []string{prefix + "-ps", prefix + "-sw", prefix + "-w0", prefix + "-w1", prefix + "-w2"}
+	if left, err := Leftovers(prefix); err != nil || !slices.Equal(left, want) {
+		t.Errorf("Leftovers = %v, %v; want %v", left, err, want)
+	}
+	for i, h := range topo.Hosts() {
+		name := fmt.Sprintf("w%d", i)
+		if i == 3 {
+			name = "ps"
+		}
+		wantIP := netip.AddrFrom4([4]byte{10, 200, byte(i + 1), 2})
+		wantGW := netip.AddrFrom4([4]byte{10, 200, byte(i + 1), 1})
+		if h.Name != name || h.NSName != prefix+"-"+name || h.Ifname != "eth0" || h.IP != wantIP ||
+			h.Gateway != wantGW || h.Prefix != netip.MustParsePrefix(fmt.Sprintf("10.200.%d.0/24", i+1)) ||
+			h.Port != fmt.Sprintf("p%d", i) || h.Ifindex == 0 || h.PortIndex == 0 || len(h.MAC) != 6 || len(h.PortMAC) != 6 {
+			t.Errorf("host %d: %+v", i, h)
+		}
+		// The recorded ifindexes and MACs match the interfaces, in the right namespaces.
+		err := topo.InHost(h, func() error {
+			l, err := netlink.LinkByIndex(h.Ifindex)
+			if err != nil {
+				return err
+			}
+			if l.Attrs().Name != "eth0" || l.Attrs().HardwareAddr.String() != h.MAC.String() || l.Attrs().MTU != 1500 {
+				return fmt.Errorf("eth0 is %+v", l.Attrs())
+			}
+			if tx, err := ethtoolGet("eth0", unix.ETHTOOL_GTXCSUM); err != nil || tx != 0 {
+				return fmt.Errorf("tx checksum offload = %d, %v; want 0", tx, err)
+			}
+			if gro, err := ethtoolGet("eth0", unix.ETHTOOL_GGRO); err != nil || gro != 1 {
+				return fmt.Errorf("GRO = %d, %v; want 1", gro, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("host %s: %v", h.Name, err)
+		}
+		err = topo.InSwitch(func() error {
+			l, err := netlink.LinkByIndex(h.PortIndex)
+			if err != nil {
+				return err
+			}
+			if l.Attrs().Name != h.Port || l.Attrs().HardwareAddr.String() != h.PortMAC.String() {
+				return fmt.Errorf("port is %+v", l.Attrs())
+			}
+			if tx, err := ethtoolGet(h.Port, unix.ETHTOOL_GTXCSUM); err != nil || tx != 0 {
+				return fmt.Errorf("tx checksum offload = %d, %v; want 0", tx, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("port %s: %v", h.Port, err)
+		}
+	}
+	err := topo.InSwitch(func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		if err != nil || string(b) != "1\n" {
+			return fmt.Errorf("ip_forward = %q, %v", b, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+
+	t.Run("udp", func(t *testing.T) { checkWorkersReachPS(t, topo, 9510) })
+
+	// With ARP switched off on every interface, traffic still flows: it only uses the static
+	// neighbours. Nothing here uses ICMP either.
+	t.Run("no-arp", func(t *testing.T) {
+		for _, h := range topo.Hosts() {
+			err := topo.InHost(h, func() error {
+				l, err := netlink.LinkByIndex(h.Ifindex)
+				if err != nil {
+					return err
+				}
+				return netlink.LinkSetARPOff(l)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = topo.InSwitch(func() error {
+				l, err := netlink.LinkByIndex(h.PortIndex)
+				if err != nil {
+					return err
+				}
+				return netlink.LinkSetARPOff(l)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkWorkersReachPS(t, topo, 9511)
+		// And the only IPv4 neighbours anywhere are the permanent ones.
+		for _, ns := range append([]string{topo.SwitchNS}, hostNSNames(topo)...) {
+			err := Do(ns, func() error {
+				neighs, err := netlink.NeighList(0, netlink.FAMILY_V4)
+				if err != nil {
+					return err
+				}
+				for _, n := range neighs {
+					if n.State != netlink.NUD_PERMANENT {
+						return fmt.Errorf("non-static neighbour %v state %#x", n.IP, n.State)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Errorf("%s: %v", ns, err)
+			}
+		}
+	})
+
+	// Worker to worker goes through the switch's routing too.
+	t.Run("worker-to-worker", func(t *testing.T) {
+		w0, w2 := topo.Workers[0], topo.Workers[2]
+		conn := udpListen(t, topo, w2, 9512)
+		sendUDP(t, topo, w0, netip.AddrPortFrom(w2.IP, 9512), []byte("x"))
+		_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, _, err := conn.ReadFromUDPAddrPort(make([]byte, 16)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func hostNSNames(topo *Topology) []string {
+	var out []string
+	for _, h := range topo.Hosts() {
+		out = append(out, h.NSName)
+	}
+	return out
+}
+
+func TestHostXDPAndMTU(t *testing.T) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:    ebpf.XDP,
+		License: "GPL",
+		Instructions: asm.Instructions{
+			asm.Mov.Imm(asm.R0, 2), // XDP_PASS
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("load XDP_PASS program: %v", err)
+	}
+	defer prog.Close()
+	topo := newTopo(t, Config{Workers: 2, PS: true, MTU: 3000, HostXDP: prog})
+	for _, h := range topo.Hosts() {
+		err := topo.InHost(h, func() error {
+			l, err := netlink.LinkByIndex(h.Ifindex)
+			if err != nil {
+				return err
+			}
+			if x := l.Attrs().Xdp; x == nil || !x.Attached {
+				return fmt.Errorf("no XDP program on eth0: %+v", x)
+			}
+			if l.Attrs().MTU != 3000 {
+				return fmt.Errorf("MTU %d", l.Attrs().MTU)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("host %s: %v", h.Name, err)
+		}
+		err = topo.InSwitch(func() error {
+			l, err := netlink.LinkByIndex(h.PortIndex)
+			if err != nil {
+				return err
+			}
+			if l.Attrs().MTU != 3000 {
+				return fmt.Errorf("port MTU %d", l.Attrs().MTU)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("port %s: %v", h.Port, err)
+		}
+	}
+	checkWorkersReachPS(t, topo, 9510)
+	// A datagram bigger than 1500 bytes but within the MTU crosses unfragmented.
+	conn := udpListen(t, topo, topo.PS, 9513)
+	big := make([]byte, 2900)
+	sendUDP(t, topo, topo.Workers[1], netip.AddrPortFrom(topo.PS.IP, 9513), big)
+	_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, _, err := conn.ReadFromUDPAddrPort(make([]byte, 4096)); err != nil || n != len(big) {
+		t.Fatalf("big datagram: %d bytes, %v", n, err)
+	}
+	// Close releases the XDP links.
+	if err := topo.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := topo.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	prefix := NewPrefix()
+	for _, cfg := range []Config{
+		{Prefix: prefix, Workers: 0},
+		{Prefix: prefix, Workers: MaxWorkers + 1},
+		{Prefix: prefix + "/x", Workers: 1},
+		{Prefix: prefix, Workers: 1, MTU: 20},
+	} {
+		topo, err := New(cfg)
+		if !errors.Is(err, ErrConfig) || topo != nil {
+			t.Errorf("New(%+v) = %v, %v; want ErrConfig", cfg, topo, err)
+		}
+		if err := topo.Close(); err != nil { // nil topology: a no-op
+			t.Errorf("Close of nil topology: %v", err)
+		}
+	}
+	assertNoLeftovers(t, prefix)
+}
+
+// A New that fails half-way tears down what it made, and leaves alone a namespace it did not make.
+func TestFailedNewCleansUp(t *testing.T) {
+	t.Run("attach-fails", func(t *testing.T) {
+		// A socket filter cannot be attached as XDP: New fails after namespaces, veths and
+		// addresses exist.
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Type:         ebpf.SocketFilter,
+			License:      "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer prog.Close()
+		prefix := NewPrefix()
+		topo, err := New(Config{Prefix: prefix, Workers: 2, PS: true, HostXDP: prog})
+		if err == nil || topo != nil {
+			t.Fatalf("New = %v, %v; want an attach error", topo, err)
+		}
+		t.Logf("New failed as expected: %v", err)
+		assertNoLeftovers(t, prefix)
+	})
+	t.Run("name-taken", func(t *testing.T) {
+		prefix := NewPrefix()
+		squat, created, err := newNamed(prefix + "-w1")
+		if err != nil || !created {
+			t.Fatalf("pre-create namespace: %v", err)
+		}
+		squat.Close()
+		defer deleteNamed(prefix + "-w1")
+		topo, err := New(Config{Prefix: prefix, Workers: 3})
+		if err == nil || topo != nil || !errors.Is(err, os.ErrExist) {
+			t.Fatalf("New = %v, %v; want a name clash", topo, err)
+		}
+		left, err := Leftovers(prefix)
+		if err != nil || !slices.Equal(left, []string{prefix + "-w1"}) {
+			t.Fatalf("Leftovers = %v, %v; want only the pre-existing namespace", left, err)
+		}
+		if err := deleteNamed(prefix + "-w1"); err != nil {
+			t.Fatal(err)
+		}
+		assertNoLeftovers(t, prefix)
+	})
+}
+
+func TestDo(t *testing.T) {
+	topo := newTopo(t, Config{Workers: 1})
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before := threadNS(t)
+	var inside uint64
+	if err := topo.InSwitch(func() error { inside = threadNS(t); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if inside == before {
+		t.Error("InSwitch ran in the caller's namespace")
+	}
+	sentinel := errors.New("sentinel")
+	if err := topo.InHost(topo.Workers[0], func() error { return sentinel }); !errors.Is(err, sentinel) {
+		t.Errorf("InHost error = %v, want the sentinel", err)
+	}
+	if after := threadNS(t); after != before {
+		t.Error("caller's thread changed namespace")
+	}
+	// A panic in fn reaches the caller.
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("recovered %v, want boom", v)
+			}
+		}()
+		_ = topo.InSwitch(func() error { panic("boom") })
+	}()
+	if err := Do(NewPrefix()+"-nope", func() error { return nil }); err == nil {
+		t.Error("Do in a missing namespace succeeded")
+	}
+	// The switch namespace is not the host's.
+	swh, err := netns.GetFromName(topo.SwitchNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer swh.Close()
+	hh, err := netns.GetFromName(topo.Workers[0].NSName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hh.Close()
+	if swh.Equal(hh) {
+		t.Error("switch and host share a namespace")
+	}
+}
