@@ -333,9 +333,13 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
 		}
 	} else if (s->nvals != n || s->fan_in != fan) {
 		verdict = V_MALFORMED;
-	} else if (s->bitmap & bm) {
+	} else if ((bm & ~s->bitmap) == 0) {
 		s->flags |= pkt_flags & F_ECN;
-		verdict = V_DUPLICATE;
+		verdict = V_DUPLICATE; /* every contributor already summed */
+	} else if (bm & s->bitmap) {
+		/* A partial aggregate overlapping the slot: adding it would count some contributors
+		 * twice, dropping it would lose the others. The PS sorts it out by bitmap. */
+		verdict = V_TO_PS;
 	} else {
 		s->bitmap |= bm;
 		s->counter++;
@@ -365,7 +369,9 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
 		}
 		if (ovf)
 			s->flags |= F_OVERFLOW;
-		if (verdict == V_AGGREGATED && s->counter >= s->fan_in) {
+		/* Complete when every contributor is in: bits, not packets, since a packet may carry
+		 * a partial aggregate of several workers. */
+		if (verdict == V_AGGREGATED && (__u32)__builtin_popcount(s->bitmap) >= s->fan_in) {
 			s->state = SLOT_COMPLETE;
 			verdict = V_COMPLETED;
 		}
@@ -422,6 +428,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
 	}
 
 	make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH);
+	q.udp->check = 0; /* payload changed; egress zeroes it too, but a result must be valid anywhere */
 	count(CNT_AGGREGATED);
 	count(CNT_COMPLETED);
 	if (out_flags & F_OVERFLOW)

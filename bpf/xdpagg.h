@@ -120,8 +120,8 @@ struct slot {
 	__u32 bitmap;    /* contributors already summed (packet bitmap of the switch's level) */
 	__u16 nvals;     /* value count of this fragment; every contribution must match */
 	__u8 state;      /* enum slot_state */
-	__u8 counter;    /* distinct contributions summed */
-	__u8 fan_in;     /* contributions that complete the sum */
+	__u8 counter;    /* contribution packets summed (a packet may carry several contributors) */
+	__u8 fan_in;     /* contributors (bitmap bits) that complete the sum */
 	__u8 scale_log2; /* copied from the first packet */
 	__u16 flags;     /* F_ECN | F_OVERFLOW accumulated over contributions */
 	__u64 ts_ns;     /* bpf_ktime_get_ns() of the last update: age for reclaiming abandoned slots */

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -191,52 +192,6 @@ func TestTopology(t *testing.T) {
 
 	t.Run("udp", func(t *testing.T) { checkWorkersReachPS(t, topo, 9510) })
 
-	// With ARP switched off on every interface, traffic still flows: it only uses the static
-	// neighbours. Nothing here uses ICMP either.
-	t.Run("no-arp", func(t *testing.T) {
-		for _, h := range topo.Hosts() {
-			err := topo.InHost(h, func() error {
-				l, err := netlink.LinkByIndex(h.Ifindex)
-				if err != nil {
-					return err
-				}
-				return netlink.LinkSetARPOff(l)
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = topo.InSwitch(func() error {
-				l, err := netlink.LinkByIndex(h.PortIndex)
-				if err != nil {
-					return err
-				}
-				return netlink.LinkSetARPOff(l)
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		checkWorkersReachPS(t, topo, 9511)
-		// And the only IPv4 neighbours anywhere are the permanent ones.
-		for _, ns := range append([]string{topo.SwitchNS}, hostNSNames(topo)...) {
-			err := Do(ns, func() error {
-				neighs, err := netlink.NeighList(0, netlink.FAMILY_V4)
-				if err != nil {
-					return err
-				}
-				for _, n := range neighs {
-					if n.State != netlink.NUD_PERMANENT {
-						return fmt.Errorf("non-static neighbour %v state %#x", n.IP, n.State)
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				t.Errorf("%s: %v", ns, err)
-			}
-		}
-	})
-
 	// Worker to worker goes through the switch's routing too.
 	t.Run("worker-to-worker", func(t *testing.T) {
 		w0, w2 := topo.Workers[0], topo.Workers[2]
@@ -247,6 +202,108 @@ func TestTopology(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// dropARP is an XDP program that drops ARP and passes everything else.
+func dropARP(t *testing.T) *ebpf.Program {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:    ebpf.XDP,
+		License: "GPL",
+		Instructions: asm.Instructions{
+			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
+			asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
+			asm.Mov.Reg(asm.R4, asm.R2),
+			asm.Add.Imm(asm.R4, 14),
+			asm.JGT.Reg(asm.R4, asm.R3, "pass"),
+			asm.LoadMem(asm.R5, asm.R2, 12, asm.Half), // EtherType, network order
+			asm.JEq.Imm(asm.R5, 0x0608, "drop"),       // 0x0806 read little-endian
+			asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
+			asm.Return(),
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("drop"), // XDP_DROP
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("load ARP-dropping XDP program: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	return prog
+}
+
+// With every ARP packet dropped on every interface (host side through Config.HostXDP, switch side
+// attached here), hosts still reach each other: only the static neighbours are used. Nothing uses
+// ICMP either.
+func TestNoARPNeeded(t *testing.T) {
+	prog := dropARP(t)
+	topo := newTopo(t, Config{Workers: 3, PS: true, HostXDP: prog})
+	for _, h := range topo.Hosts() {
+		err := topo.InSwitch(func() error {
+			l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: h.PortIndex, Flags: link.XDPDriverMode})
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { l.Close() })
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("attach to port %s: %v", h.Port, err)
+		}
+	}
+	checkWorkersReachPS(t, topo, 9510)
+	w0, w2 := topo.Workers[0], topo.Workers[2]
+	conn := udpListen(t, topo, w2, 9512)
+	sendUDP(t, topo, w0, netip.AddrPortFrom(w2.IP, 9512), []byte("x"))
+	_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, _, err := conn.ReadFromUDPAddrPort(make([]byte, 16)); err != nil {
+		t.Fatalf("w0 -> w2: %v", err)
+	}
+	// Control: without its static neighbour, w1 cannot reach anything (its ARP requests are
+	// dropped), so the program really drops ARP; with the neighbour back, it can again.
+	w1 := topo.Workers[1]
+	gwNeigh := &netlink.Neigh{
+		LinkIndex: w1.Ifindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: w1.Gateway.AsSlice(), HardwareAddr: w1.PortMAC,
+	}
+	if err := topo.InHost(w1, func() error { return netlink.NeighDel(gwNeigh) }); err != nil {
+		t.Fatal(err)
+	}
+	sendUDP(t, topo, w1, netip.AddrPortFrom(w2.IP, 9512), []byte("lost"))
+	_ = conn.SetReadDeadline(time.Now().Add(1500 * time.Millisecond))
+	if _, from, err := conn.ReadFromUDPAddrPort(make([]byte, 16)); err == nil {
+		t.Fatalf("w1 reached w2 (from %v) without a static neighbour: ARP was not dropped", from)
+	}
+	if err := topo.InHost(w1, func() error {
+		if err := netlink.NeighDel(gwNeigh); err != nil && !errors.Is(err, unix.ENOENT) {
+			return err // remove the FAILED/INCOMPLETE entry the attempt left
+		}
+		return netlink.NeighSet(gwNeigh)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sendUDP(t, topo, w1, netip.AddrPortFrom(w2.IP, 9512), []byte("found"))
+	_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, _, err := conn.ReadFromUDPAddrPort(make([]byte, 16)); err != nil {
+		t.Fatalf("w1 -> w2 with the neighbour restored: %v", err)
+	}
+	// No IPv4 neighbour anywhere was learned: all are permanent (or NOARP, which never resolves).
+	for _, ns := range append([]string{topo.SwitchNS}, hostNSNames(topo)...) {
+		err := Do(ns, func() error {
+			neighs, err := netlink.NeighList(0, netlink.FAMILY_V4)
+			if err != nil {
+				return err
+			}
+			for _, n := range neighs {
+				if n.State != netlink.NUD_PERMANENT && n.State != netlink.NUD_NOARP {
+					return fmt.Errorf("non-static neighbour %+v", n)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("%s: %v", ns, err)
+		}
+	}
 }
 
 func hostNSNames(topo *Topology) []string {

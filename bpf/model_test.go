@@ -1,0 +1,315 @@
+package bpf_test
+
+// Randomized property test: random DATA frames through xdpagg_switch against a Go model of the
+// slot state machine (reserve / add / duplicate / collision / shadow / complete / same-job reuse).
+
+import (
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/maps"
+)
+
+const modelPool = 4
+
+type mslot struct {
+	state, counter, fan, scale uint8
+	job, seq, bitmap           uint32
+	nvals, flags               uint16
+	vals                       [bpf.MaxValues]int32
+}
+
+type model struct {
+	pool  uint32
+	slots []mslot
+}
+
+// outcome is what the model predicts for one frame.
+type outcome struct {
+	verdict uint32
+	delta   cnt
+	out     *frame // expected output frame; nil for drops
+	what    string
+	how     string // for aggregated/completed: how the slot was taken
+}
+
+func seqAfter(a, b uint32) bool { return int32(a-b) > 0 }
+
+// step mirrors handle_data of xdpagg.c for a well-formed-at-parse DATA frame. No slot ever times
+// out (the switch under test has a one-hour timeout).
+func (m *model) step(f frame) outcome {
+	h := f.Hdr
+	malformed := outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntMalformed: 1}, what: "malformed"}
+	if h.Count == 0 || int(h.Count) > bpf.MaxValues || int(h.Count) != len(f.Vals) || h.AggIndex >= m.pool {
+		return malformed
+	}
+	bm, fan := h.Bitmap0, uint32(h.FanIn0)
+	if h.Flags&fLevel1 != 0 {
+		bm, fan = h.Bitmap1, uint32(h.FanIn1)
+	}
+	if fan == 0 || fan > uint32(bpf.MaxWorkers) || bm == 0 || (fan < 32 && bm>>fan != 0) || h.JobId == 0 {
+		return malformed
+	}
+	toPS := func(fl uint16, what string) outcome {
+		d := cnt{maps.CntRx: 1, maps.CntToPS: 1}
+		if fl != 0 {
+			d[maps.CntCollision] = 1
+		}
+		return outcome{verdict: xdpPass, delta: d, out: ptr(asToPS(f, fl)), what: what}
+	}
+	if h.Encoding != encFixed32 || h.Flags&fCollision != 0 {
+		return toPS(0, "to PS (encoding / diverted)")
+	}
+	n := int(h.Count)
+	s := &m.slots[h.AggIndex]
+	pktFlags := h.Flags & (fECN | fOverflow)
+	resend := h.Flags&fResend != 0
+	var ovf bool
+	how := "add"
+	result := func(extra uint16) uint16 {
+		return h.Flags&fLevel1 | s.flags&(fECN|fOverflow) | extra
+	}
+	if !(s.state != slotFree && s.job == h.JobId && s.seq == h.Seq) {
+		reusable := s.state == slotFree || (s.state == slotComplete && s.job == h.JobId && seqAfter(h.Seq, s.seq))
+		switch {
+		case resend:
+			return toPS(0, "resend without a matching slot")
+		case !reusable:
+			return toPS(fCollision, "collision")
+		case s.state == slotFree:
+			how = "reserve a free slot"
+		default:
+			how = "retake own completed slot"
+		}
+		*s = mslot{state: slotAggregating, counter: 1, fan: uint8(fan), scale: h.ScaleLog2, job: h.JobId, seq: h.Seq,
+			bitmap: bm, nvals: h.Count, flags: pktFlags}
+		copy(s.vals[:], f.Vals)
+	} else if s.state == slotComplete {
+		if int(s.nvals) != n {
+			return malformed
+		}
+		return outcome{verdict: xdpTX, delta: cnt{maps.CntRx: 1, maps.CntShadowTx: 1},
+			out: ptr(asShadow(f, s.bitmap, result(fFromSwitch|fShadow), s.vals[:n])), what: "shadow"}
+	} else if int(s.nvals) != n || uint32(s.fan) != fan {
+		return malformed
+	} else if bm&^s.bitmap == 0 {
+		s.flags |= pktFlags & fECN
+		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntDuplicate: 1}, what: "duplicate"}
+	} else if bm&s.bitmap != 0 {
+		return toPS(0, "partial aggregate overlapping the slot")
+	} else {
+		s.bitmap |= bm
+		s.counter++
+		s.flags |= pktFlags
+		for i, v := range f.Vals {
+			var o bool
+			s.vals[i], o = satAddOvf(s.vals[i], v)
+			ovf = ovf || o
+		}
+	}
+	if ovf {
+		s.flags |= fOverflow
+	}
+	if bits.OnesCount32(s.bitmap) < int(s.fan) {
+		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntAggregated: 1}, what: "aggregated", how: how}
+	}
+	s.state = slotComplete
+	d := cnt{maps.CntRx: 1, maps.CntAggregated: 1, maps.CntCompleted: 1}
+	if s.flags&fOverflow != 0 {
+		d[maps.CntOverflow] = 1
+	}
+	return outcome{verdict: xdpRedirect, delta: d, out: ptr(asResult(f, s.bitmap, result(fFromSwitch), s.vals[:n])), what: "completed", how: how}
+}
+
+// result mirrors handle_result: a RESULT from the PS frees a slot aggregating its <job, seq>.
+func (m *model) result(f frame) outcome {
+	h := f.Hdr
+	if s := &m.slots[h.AggIndex]; s.state == slotAggregating && s.job == h.JobId && s.seq == h.Seq {
+		s.state = slotFree
+	}
+	return outcome{verdict: xdpRedirect, delta: cnt{maps.CntRx: 1, maps.CntPSResult: 1}, out: ptr(f), what: "ps result"}
+}
+
+func (m *model) expectSlots(t *testing.T, s *sw) {
+	t.Helper()
+	for i := range m.pool {
+		ms := &m.slots[i]
+		want := slotView{State: ms.state, Counter: ms.counter, FanIn: ms.fan, Scale: ms.scale, Job: ms.job, Seq: ms.seq,
+			Bitmap: ms.bitmap, Nvals: ms.nvals, Flags: ms.flags}
+		got := s.slot(t, i)
+		if slotSummary(got) != want || got.Vals != ms.vals {
+			t.Errorf("slot %d: got %+v vals %v\n\t\twant %+v vals %v", i, slotSummary(got), got.Vals[:12], want, ms.vals[:12])
+		}
+	}
+}
+
+func TestSwitchModel(t *testing.T) {
+	const packets = 2000
+	for _, seed := range []uint64{1, 2, 3} {
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
+			sl, err := loader.Load(loader.Config{PoolSize: modelPool, SlotTimeout: time.Hour})
+			skipIfUnsupported(t, "load switch", err)
+			t.Cleanup(func() { sl.Close() })
+			s := &sw{Switch: sl}
+			s.base = s.counters(t)
+
+			r := rand.New(rand.NewPCG(seed, 0x9510))
+			m := &model{pool: modelPool, slots: make([]mslot, modelPool)}
+			fans := map[uint32]uint8{1: uint8(1 + r.IntN(4)), 2: uint8(1 + r.IntN(4)), 3: uint8(1 + r.IntN(4))}
+			t.Logf("fan-in by job: %v", fans)
+			seen := map[string]int{}
+			var history []string
+			// A crude job emulation keeps the walk in interesting states: the workers of each job
+			// send the fragments base and base+1 of their window, each worker first once, then as
+			// resends; base moves on when a fragment has a result. A PS gathers what the switch
+			// passes on and, once it holds every contribution of a fragment, answers it with a
+			// RESULT through the switch (on top of the DATA frames).
+			type frag = [2]uint32 // job, seq
+			base := map[uint32]uint32{}
+			sent := map[frag]uint32{} // workers that sent the fragment at least once
+			atPS := map[frag]uint32{} // contributions the PS got
+			done := map[frag]bool{}   // a result went out
+			queued := map[frag]bool{} // the PS has the result on its way
+			var psQueue []frag
+			for p := 0; p < packets; {
+				var (
+					f    frame
+					want outcome
+					desc string
+				)
+				if len(psQueue) > 0 && r.IntN(3) == 0 {
+					fr := psQueue[0]
+					psQueue = psQueue[1:]
+					job, sq := fr[0], fr[1]
+					idx := (3*job + sq) % modelPool
+					f = resultFrame(job, sq, idx, fans[job], mkVals(1+int(job*7+sq*3)%10, func(int) int32 { return r.Int32() })...)
+					desc = fmt.Sprintf("PS result job %d seq %d idx %d", job, sq, idx)
+					want = m.result(f)
+					done[fr] = true
+				} else {
+					job := uint32(1 + r.IntN(3))
+					fan := fans[job]
+					full := uint32(1)<<fan - 1
+					fr := frag{job, base[job] + uint32(r.IntN(2))}
+					// A late frame for a fragment that already has a result: a worker that missed
+					// the result (a resend), or a copy the network delayed (not a resend).
+					late := r.IntN(12) == 0 && base[job] > 0
+					if late {
+						fr[1] = base[job] - 1 - uint32(r.IntN(4))
+					} else if done[fr] {
+						continue
+					}
+					w := uint8(r.IntN(int(fan)))
+					resend := late && r.IntN(2) == 0
+					if pending := full &^ sent[fr]; late {
+						// as chosen above
+					} else if pending != 0 {
+						for pending&(1<<w) == 0 {
+							w = uint8(r.IntN(int(fan)))
+						}
+					} else {
+						resend = true
+					}
+					sent[fr] |= 1 << w
+					idx := (3*job + fr[1]) % modelPool
+					if resend && r.IntN(20) == 0 {
+						idx = uint32(r.IntN(modelPool)) // a confused worker (resends never reserve)
+					}
+					p++
+					f, desc = randomData(r, p, job, fr[1], idx, w, fan, resend)
+					want = m.step(f)
+					switch {
+					case want.verdict == xdpRedirect:
+						done[fr] = true
+					case want.verdict == xdpPass && f.Hdr.FanIn0 == fan && int(f.Hdr.Count) == 1+int(job*7+fr[1]*3)%10:
+						if atPS[fr] |= 1 << w; atPS[fr] == full && !done[fr] && !queued[fr] {
+							psQueue = append(psQueue, fr)
+							queued[fr] = true
+						}
+					}
+				}
+				for job := uint32(1); job <= 3; job++ {
+					for done[frag{job, base[job]}] {
+						base[job]++
+					}
+				}
+				seen[want.what]++
+				if want.how != "" {
+					seen[want.how]++
+				}
+				history = append(history, desc+" -> "+want.what)
+				if len(history) > 12 {
+					history = history[1:]
+				}
+
+				got, out := s.run(t, f)
+				if got != want.verdict {
+					t.Errorf("%s: verdict %s, model says %s (%s)", desc, verdictName(got), verdictName(want.verdict), want.what)
+				}
+				if want.out != nil && got == want.verdict {
+					expectFrame(t, out, *want.out)
+				}
+				s.expectDelta(t, want.delta)
+				m.expectSlots(t, s)
+				if t.Failed() {
+					t.Fatalf("diverged from the model at packet %d; last packets:\n\t%s", p, joinLines(history))
+				}
+			}
+			t.Logf("outcomes: %v", seen)
+			for _, w := range []string{"aggregated", "completed", "duplicate", "collision", "shadow", "resend without a matching slot",
+				"malformed", "ps result", "reserve a free slot", "retake own completed slot", "add"} {
+				if seen[w] == 0 {
+					t.Errorf("the random walk never produced %q; tune the generator", w)
+				}
+			}
+		})
+	}
+}
+
+// randomData is worker w's DATA frame for <job, sq> at idx, with now and then a wrong count or
+// fan-in (resends only), ECN, a worker's overflow flag or float32 values.
+func randomData(r *rand.Rand, p int, job, sq, idx uint32, w, fan uint8, resend bool) (frame, string) {
+	n := 1 + int(job*7+sq*3)%10
+	// Wrong counts and fan-ins only in resends: a first packet with them would reserve the slot
+	// with its count and fan-in, and every correct contribution after it would be dropped as
+	// malformed, wedging the fragment for good (see the report) and the walk with it.
+	if resend && r.IntN(10) == 0 {
+		n = 1 + r.IntN(12)
+	}
+	if resend && r.IntN(10) == 0 {
+		fan = uint8(1 + r.IntN(4))
+	}
+	vals := mkVals(n, func(int) int32 { return int32(r.IntN(2_000_001) - 1_000_000) })
+	f := dataFrame(job, sq, idx, w, fan, vals...)
+	f.Hdr.ScaleLog2 = uint8(16 + job)
+	if resend {
+		f.Hdr.Flags |= fResend
+	}
+	if r.IntN(20) == 0 {
+		f.Hdr.Flags |= fECN
+	}
+	if r.IntN(100) == 0 {
+		f.Hdr.Flags |= fOverflow
+	}
+	if r.IntN(60) == 0 {
+		f.Hdr.Encoding = encFloat32
+	}
+	return f, fmt.Sprintf("#%d job %d seq %d idx %d worker %d fan %d count %d flags %#x enc %d",
+		p, job, sq, idx, w, fan, n, f.Hdr.Flags, f.Hdr.Encoding)
+}
+
+func joinLines(l []string) string {
+	out := ""
+	for i, s := range l {
+		if i > 0 {
+			out += "\n\t"
+		}
+		out += s
+	}
+	return out
+}
