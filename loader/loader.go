@@ -165,6 +165,9 @@ func (s *Switch) DetachPort(ifindex int) error {
 	}
 	delete(s.links, ifindex)
 	err := s.Objects.Ports.Delete(uint32(ifindex))
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		err = nil // the kernel drops devmap entries of interfaces that went away
+	}
 	if s.pinDir != "" {
 		_ = l.Unpin()
 	}
@@ -181,9 +184,9 @@ func (s *Switch) Ports() []int {
 }
 
 // Pin pins the maps (dir/maps/NAME) and, from now on, the port links (dir/links/IFINDEX) under
-// dir, which must be on a bpffs (see MountBPFFS). Close removes the pins.
+// dir, whose parent must be on a bpffs (see MountBPFFS). Close removes the pins.
 func (s *Switch) Pin(dir string) error {
-	if err := CheckBPFFS(dir); err != nil {
+	if err := CheckBPFFS(filepath.Dir(filepath.Clean(dir))); err != nil {
 		return err
 	}
 	for _, sub := range []string{"maps", "links"} {

@@ -1,0 +1,26 @@
+// Package hostlib is the host side of xdpagg: the Worker that all-reduces float32 tensors through
+// the XDP switch, the parameter server (PS) that sums whatever the switch cannot, and the wire and
+// fixed-point codecs both share with the switch.
+//
+// The wire format is defined once, in bpf/xdpagg.h; this package uses the Go types bpf2go
+// generates from it (bpf.XdpaggHdr and the enums) and never redefines a field.
+//
+// hostlib never logs and never exits the process: everything goes back to the caller as an error
+// wrapping one of the sentinel errors below, or as a counter in Stats.
+package hostlib
+
+import "errors"
+
+// Sentinel errors. Functions wrap them with details; test with errors.Is.
+var (
+	// ErrConfig: a configuration cannot work; the message says which field to change.
+	ErrConfig = errors.New("invalid configuration")
+	// ErrTimeout: a fragment got no result after the configured retries.
+	ErrTimeout = errors.New("timed out")
+	// ErrClosed: the Worker or PS was closed.
+	ErrClosed = errors.New("closed")
+	// ErrMalformed: a packet does not follow the wire contract of bpf/xdpagg.h.
+	ErrMalformed = errors.New("malformed xdpagg packet")
+	// ErrBusy: an operation that must not overlap with itself (AllReduce, Serve) already runs.
+	ErrBusy = errors.New("busy")
+)

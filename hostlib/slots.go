@@ -1,0 +1,41 @@
+package hostlib
+
+// Slot assignment. A worker picks the aggregator slot of each fragment itself (the switch trusts
+// agg_index), so every worker of a job must compute the same index for the same seq, and a job's
+// slots must be safe to reuse:
+//
+//	AggIndex(job, seq) = (SlotBase(job) + seq % (2*Window)) % PoolSize
+//
+// A job uses 2*Window slots in rotation and every worker keeps at most Window fragments in flight
+// (fragment s is sent only once every fragment below s-Window+1 has its result). Fragment s+2W
+// therefore lands on the slot of s only after its sender has the result of s+W, which every worker
+// sent only after it had the result of s: nobody can still need slot s's sum (the switch's shadow
+// copy). That is SwitchML's argument, and why the switch lets a job's later seq retake its own
+// completed slot. Different jobs start at different bases so they rarely collide; when they do,
+// the switch diverts the fragment to the PS (F_COLLISION) and nothing is lost.
+//
+// seq here is the worker's 64-bit fragment counter, of which the wire carries the low 32 bits.
+// Until the first 2^32 fragments this is exactly the 32-bit formula; past them, the 64-bit
+// counter keeps seq % (2*Window) continuous, whereas a 32-bit counter would jump at the wrap
+// (unless 2*Window divides 2^32) and could put two in-flight fragments on one slot.
+
+// SlotBase is the first slot of a job's rotation: FNV-1a (32-bit) of the job id's four
+// little-endian bytes, modulo the pool size.
+func SlotBase(jobID, poolSize uint32) uint32 {
+	h := uint32(2166136261) // FNV-1a offset basis
+	for i := 0; i < 4; i++ {
+		h ^= (jobID >> (8 * i)) & 0xff
+		h *= 16777619 // FNV prime
+	}
+	return h % poolSize
+}
+
+// AggIndex is the slot of fragment seq of a job whose workers keep window fragments in flight.
+// It needs 1 <= window and 2*window <= poolSize (WorkerConfig.Validate checks this).
+func AggIndex(jobID uint32, seq uint64, window int, poolSize uint32) uint32 {
+	return aggIndexFrom(SlotBase(jobID, poolSize), seq, window, poolSize)
+}
+
+func aggIndexFrom(base uint32, seq uint64, window int, poolSize uint32) uint32 {
+	return uint32((uint64(base) + seq%uint64(2*window)) % uint64(poolSize))
+}

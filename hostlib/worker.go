@@ -1,0 +1,555 @@
+package hostlib
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpagg/xdpagg/bpf"
+)
+
+// Worker defaults and limits.
+const (
+	DefaultPoolSize     = 4096 // the switch's default (loader.Config)
+	DefaultWindow       = 64
+	DefaultScaleLog2    = 24
+	DefaultTimeout      = 20 * time.Millisecond
+	DefaultMaxRetries   = 50
+	DefaultSocketBuffer = 8 << 20
+
+	// MaxScaleLog2 keeps one quantised value of magnitude >= 1 representable: at 2^30, |x| < 2.
+	MaxScaleLog2 = 30
+	// MaxWindow bounds the memory a worker pins for in-flight fragments (one packet buffer each,
+	// about 1.5 KB): 64 Ki fragments is ~94 MiB.
+	MaxWindow = 1 << 16
+	// maxBackoffShift caps the exponential retransmit backoff at 2^3 = 8x Timeout.
+	maxBackoffShift = 3
+)
+
+// WorkerConfig configures one worker of a job. Zero fields take their defaults (WithDefaults).
+type WorkerConfig struct {
+	JobID      uint32         // != 0
+	WorkerID   uint8          // 0..NumWorkers-1: this worker's bit in the contributor bitmap
+	NumWorkers uint8          // 1..32: the fan-in, workers whose fragments make a sum
+	Local      netip.AddrPort // IPv4 address to bind; results arrive here (the switch is configured with it). Port 0 picks one (see LocalAddr)
+	PS         netip.AddrPort // where data packets go: PS IP + agg port (port 0: bpf.DefaultPort)
+	PoolSize   uint32         // the switch's pool size (default 4096)
+	Window     int            // fragments in flight (default min(64, PoolSize/2)); 2*Window <= PoolSize
+	// ScaleLog2 is the fixed-point exponent: values travel as round(x * 2^ScaleLog2). Default 24,
+	// max 30. Zero means the default, so an integer-only scale cannot be chosen.
+	ScaleLog2 uint8
+	// Timeout is the first retransmit timeout (default 20ms); it doubles per retry up to 8x.
+	Timeout time.Duration
+	// MaxRetries is how many times one fragment is resent before AllReduce fails with ErrTimeout
+	// (default 50), counted afresh for a fragment's float32 repair.
+	MaxRetries int
+	// SocketBuffer sizes SO_RCVBUF/SO_SNDBUF in bytes (default 8 MiB), forced past the sysctl
+	// limits when the process has CAP_NET_ADMIN.
+	SocketBuffer int
+}
+
+// WithDefaults returns c with zero fields set to their defaults and addresses unmapped to IPv4.
+func (c WorkerConfig) WithDefaults() WorkerConfig {
+	if c.PoolSize == 0 {
+		c.PoolSize = DefaultPoolSize
+	}
+	if c.Window == 0 {
+		// Small pools (tests, tiny switches) still work out of the box.
+		c.Window = int(min(uint32(DefaultWindow), c.PoolSize/2))
+	}
+	if c.ScaleLog2 == 0 {
+		c.ScaleLog2 = DefaultScaleLog2
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = DefaultMaxRetries
+	}
+	if c.SocketBuffer == 0 {
+		c.SocketBuffer = DefaultSocketBuffer
+	}
+	c.Local = netip.AddrPortFrom(c.Local.Addr().Unmap(), c.Local.Port())
+	port := c.PS.Port()
+	if port == 0 {
+		port = bpf.DefaultPort
+	}
+	c.PS = netip.AddrPortFrom(c.PS.Addr().Unmap(), port)
+	return c
+}
+
+// Validate reports what to change in a configuration that cannot work. Call it on WithDefaults'
+// result (NewWorker does).
+func (c WorkerConfig) Validate() error {
+	switch {
+	case c.JobID == 0:
+		return fmt.Errorf("%w: JobID is 0: use a nonzero job id (0 is reserved)", ErrConfig)
+	case c.NumWorkers == 0 || int(c.NumWorkers) > bpf.MaxWorkers:
+		return fmt.Errorf("%w: NumWorkers %d: use 1..%d", ErrConfig, c.NumWorkers, bpf.MaxWorkers)
+	case c.WorkerID >= c.NumWorkers:
+		return fmt.Errorf("%w: WorkerID %d: use 0..%d (NumWorkers-1)", ErrConfig, c.WorkerID, c.NumWorkers-1)
+	case !c.Local.Addr().Is4():
+		return fmt.Errorf("%w: Local %v: use an IPv4 address (xdpagg is UDP/IPv4)", ErrConfig, c.Local)
+	case !c.PS.Addr().Is4() || c.PS.Addr().IsUnspecified():
+		return fmt.Errorf("%w: PS %v: use the parameter server's IPv4 address", ErrConfig, c.PS)
+	case c.PoolSize < 2:
+		return fmt.Errorf("%w: PoolSize %d: use the switch's pool size, at least 2 (a job needs 2*Window slots)", ErrConfig, c.PoolSize)
+	case c.Window < 1 || c.Window > MaxWindow:
+		return fmt.Errorf("%w: Window %d: use 1..%d", ErrConfig, c.Window, MaxWindow)
+	case uint64(2*c.Window) > uint64(c.PoolSize):
+		return fmt.Errorf("%w: Window %d needs 2*Window = %d slots but PoolSize is %d: lower Window to at most %d or enlarge the switch pool",
+			ErrConfig, c.Window, 2*c.Window, c.PoolSize, c.PoolSize/2)
+	case c.ScaleLog2 > MaxScaleLog2:
+		return fmt.Errorf("%w: ScaleLog2 %d: use 1..%d", ErrConfig, c.ScaleLog2, MaxScaleLog2)
+	case c.Timeout < time.Microsecond:
+		return fmt.Errorf("%w: Timeout %v: use a positive retransmit timeout of at least 1µs", ErrConfig, c.Timeout)
+	case c.MaxRetries < 1:
+		return fmt.Errorf("%w: MaxRetries %d: use at least 1", ErrConfig, c.MaxRetries)
+	case c.SocketBuffer < 0 || c.SocketBuffer > math.MaxInt32:
+		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
+	}
+	return nil
+}
+
+// WorkerStats are a worker's cumulative counters. Every well-formed result of the job counts in
+// exactly one of ResultsReceived, DuplicateResults and OverflowRepairs; ShadowResults,
+// ResultsFromPS and Collisions break ResultsReceived down.
+type WorkerStats struct {
+	DataSent         uint64 // DATA packets sent, retransmissions and float repairs included
+	Retransmits      uint64 // DATA packets resent (F_RESEND) after a timeout
+	ResultsReceived  uint64 // results that completed a fragment
+	DuplicateResults uint64 // results for fragments already complete or not in the running AllReduce
+	ShadowResults    uint64 // of ResultsReceived: unicast re-sends (F_SHADOW) of a completed sum
+	ResultsFromPS    uint64 // of ResultsReceived: summed by the PS (no F_FROM_SWITCH)
+	Collisions       uint64 // of ResultsReceived: some data went via the PS (F_COLLISION)
+	OverflowRepairs  uint64 // fragments whose fixed-point sum saturated, repaired in float32
+	Malformed        uint64 // packets dropped: unparsable, not a result of this job, or disagreeing with the fragment
+	SendErrors       uint64 // DATA packets the kernel refused to send (the retransmit timer covers them)
+}
+
+type workerCounters struct {
+	dataSent, retransmits, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
+}
+
+// Worker all-reduces tensors with the other workers of its job through the switch (and the PS).
+// Its methods may be called from any goroutine; AllReduce calls must not overlap.
+type Worker struct {
+	cfg      WorkerConfig
+	bc       *batchConn
+	psAddr   unix.RawSockaddrInet4
+	slotBase uint32
+	epoch    time.Time // monotonic origin of the fragment deadlines
+	st       workerCounters
+
+	// Owned by the running AllReduce (opMu).
+	opMu        sync.Mutex
+	nextSeq     uint64 // first seq of the next AllReduce: job-wide, identical on every worker
+	timer       *time.Timer
+	lastSendErr error
+
+	// mu guards op, which the receive goroutine updates as results arrive.
+	mu   sync.Mutex
+	op   operation
+	kick chan struct{} // receive goroutine -> AllReduce: op changed
+
+	// Control acknowledgements (Join/Leave), guarded by mu.
+	ackWant uint32 // nonce (seq) of the control message waiting for its MSG_ACK
+	ackGot  bool
+
+	closeOnce sync.Once
+	closing   chan struct{}
+	recvDone  chan struct{}
+	recvErr   error // why the receive goroutine stopped; read after recvDone is closed
+}
+
+// operation is the state of the running AllReduce. Only fragments [low, next) are in flight, at
+// most Window of them, each in ring[index % Window].
+type operation struct {
+	active  bool
+	data    []float32
+	seqBase uint64
+	nfrags  int
+	low     int // lowest fragment without its result
+	next    int // next fragment to send for the first time
+	ring    []fragment
+}
+
+type fragState uint8
+
+const (
+	fragFixed  fragState = iota // fixed-point data sent, waiting for its result
+	fragRepair                  // saturated: float32 data sent (or to send), waiting for the float result
+	fragDone                    // result written into data
+)
+
+type fragment struct {
+	idx          int
+	state        fragState
+	repairQueued bool  // the receive goroutine asks AllReduce to send the float32 repair data
+	retries      int   // resends in the current state
+	deadline     int64 // ns since epoch at which to resend
+	plen         int
+	pkt          [MaxPacket]byte // the DATA packet as sent: resends repeat it byte for byte
+}
+
+// recvBatch is how many datagrams one recvmmsg takes.
+const recvBatch = 64
+
+// NewWorker validates cfg and binds the worker's UDP socket now, in the calling thread's network
+// namespace (callers place workers in a namespace by creating them on a locked thread inside it).
+// It starts the goroutine that receives results; Close stops it.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	bc, err := listenBatch(cfg.Local, cfg.SocketBuffer, recvBatch, cfg.Window)
+	if err != nil {
+		return nil, fmt.Errorf("worker %d of job %d: %w", cfg.WorkerID, cfg.JobID, err)
+	}
+	w := &Worker{
+		cfg:      cfg,
+		bc:       bc,
+		psAddr:   sockaddr4(cfg.PS),
+		slotBase: SlotBase(cfg.JobID, cfg.PoolSize),
+		epoch:    time.Now(),
+		timer:    time.NewTimer(time.Hour),
+		kick:     make(chan struct{}, 1),
+		closing:  make(chan struct{}),
+		recvDone: make(chan struct{}),
+	}
+	w.timer.Stop()
+	w.op.ring = make([]fragment, cfg.Window)
+	go w.receive()
+	return w, nil
+}
+
+// LocalAddr is the address the worker is bound to: where the switch must send its results.
+func (w *Worker) LocalAddr() netip.AddrPort { return w.bc.localAddr() }
+
+// Config returns the worker's configuration with defaults applied.
+func (w *Worker) Config() WorkerConfig { return w.cfg }
+
+// Stats returns the worker's cumulative counters.
+func (w *Worker) Stats() WorkerStats {
+	s := &w.st
+	return WorkerStats{
+		DataSent: s.dataSent.Load(), Retransmits: s.retransmits.Load(),
+		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
+		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
+		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
+	}
+}
+
+// Close closes the socket and stops the receive goroutine. A running AllReduce fails with
+// ErrClosed. Closing twice returns ErrClosed.
+func (w *Worker) Close() error {
+	err := ErrClosed
+	w.closeOnce.Do(func() {
+		close(w.closing)
+		err = w.bc.close()
+		<-w.recvDone
+	})
+	return err
+}
+
+// AllReduce replaces data, in place, by the element-wise sum of the same-length tensors that the
+// job's NumWorkers workers pass to their own AllReduce. All workers must call AllReduce with equal
+// lengths in the same order: each call takes the next ceil(len/K) sequence numbers of the job
+// (K = bpf.MaxValues values per fragment), so that is how fragments of one sum find each other.
+// An empty tensor is a no-op.
+//
+// Fixed-point sums are within the bound documented in fixed.go; fragments that saturate are
+// repaired in float32 by the PS and come out as the correctly rounded float32 of the exact sum.
+//
+// On error (ctx done, ErrTimeout, ErrClosed) data is partly summed and the job's sequence has moved
+// past this call anyway, so the workers stay in step only if they all fail it; recovering a job
+// is the caller's business (a new job id is simplest).
+func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
+	if len(data) == 0 {
+		return nil
+	}
+	if !w.opMu.TryLock() {
+		return fmt.Errorf("%w: AllReduce already running on worker %d", ErrBusy, w.cfg.WorkerID)
+	}
+	defer w.opMu.Unlock()
+	select {
+	case <-w.closing:
+		return fmt.Errorf("allreduce: %w", ErrClosed)
+	default:
+	}
+	nfrags := (len(data) + bpf.MaxValues - 1) / bpf.MaxValues
+	if nfrags > math.MaxInt32 {
+		// The wire's 32-bit seq must tell this call's fragments apart.
+		return fmt.Errorf("%w: tensor of %d values: split it into tensors of at most %d values", ErrConfig,
+			len(data), int64(math.MaxInt32)*int64(bpf.MaxValues))
+	}
+	base := w.nextSeq
+	w.nextSeq += uint64(nfrags)
+	w.lastSendErr = nil
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("allreduce of %d values: %w", len(data), err)
+	}
+
+	w.mu.Lock()
+	w.op.active, w.op.data, w.op.seqBase = true, data, base
+	w.op.nfrags, w.op.low, w.op.next = nfrags, 0, 0
+	w.mu.Unlock()
+	defer func() {
+		// After this, the receive goroutine no longer touches data.
+		w.mu.Lock()
+		w.op.active, w.op.data = false, nil
+		w.mu.Unlock()
+		w.timer.Stop()
+	}()
+
+	for {
+		wait, err := w.step()
+		if err != nil || wait < 0 {
+			return err
+		}
+		w.timer.Reset(time.Duration(wait))
+		select {
+		case <-w.kick:
+		case <-w.timer.C:
+		case <-ctx.Done():
+			return fmt.Errorf("allreduce of %d values: %w", len(data), ctx.Err())
+		case <-w.closing:
+			return fmt.Errorf("allreduce: %w", ErrClosed)
+		case <-w.recvDone:
+			return fmt.Errorf("allreduce: receive: %w", w.recvErr)
+		}
+	}
+}
+
+// step sends whatever is due and returns how long to wait (ns) before the next deadline, or -1
+// when every fragment has its result.
+func (w *Worker) step() (wait int64, err error) {
+	w.mu.Lock()
+	op := &w.op
+	now := int64(time.Since(w.epoch))
+	win := len(op.ring)
+	for op.low < op.next && op.ring[op.low%win].state == fragDone {
+		op.low++
+	}
+	if op.low == op.nfrags {
+		w.mu.Unlock()
+		return -1, nil
+	}
+	earliest := int64(math.MaxInt64)
+	var queued, resent uint64
+	for i := op.low; i < op.next; i++ {
+		f := &op.ring[i%win]
+		switch {
+		case f.state == fragDone:
+			continue
+		case f.repairQueued:
+			f.repairQueued = false
+			w.encode(f, encFloat32, fOverflow)
+			f.retries = 0
+			f.deadline = now + int64(w.cfg.Timeout)
+			w.bc.queue(&w.psAddr, f.pkt[:f.plen], nil)
+			queued++
+		case now >= f.deadline:
+			if f.retries >= w.cfg.MaxRetries {
+				seq := op.seqBase + uint64(i)
+				err := w.lastSendErr
+				w.mu.Unlock()
+				w.bc.sq = 0 // nothing queued goes out: the operation is over
+				if err != nil {
+					return 0, fmt.Errorf("%w: fragment %d (seq %d) of job %d got no result after %d resends (last send error: %w)",
+						ErrTimeout, i, uint32(seq), w.cfg.JobID, f.retries, err)
+				}
+				return 0, fmt.Errorf("%w: fragment %d (seq %d) of job %d got no result after %d resends",
+					ErrTimeout, i, uint32(seq), w.cfg.JobID, f.retries)
+			}
+			f.retries++
+			flags := binary.LittleEndian.Uint16(f.pkt[offFlags:])
+			binary.LittleEndian.PutUint16(f.pkt[offFlags:], flags|fResend)
+			f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
+			w.bc.queue(&w.psAddr, f.pkt[:f.plen], nil)
+			queued++
+			resent++
+		}
+		earliest = min(earliest, f.deadline)
+	}
+	for op.next < op.nfrags && op.next < op.low+win {
+		f := &op.ring[op.next%win]
+		f.idx, f.state, f.repairQueued, f.retries = op.next, fragFixed, false, 0
+		w.encode(f, encFixed32, 0)
+		f.deadline = now + int64(w.cfg.Timeout)
+		earliest = min(earliest, f.deadline)
+		w.bc.queue(&w.psAddr, f.pkt[:f.plen], nil)
+		queued++
+		op.next++
+	}
+	w.mu.Unlock()
+
+	// Send outside the lock: the receive goroutine keeps taking results meanwhile. The queued
+	// buffers stay put: a ring entry is reused only for a fragment past low+Window, which a later
+	// step queues after this flush.
+	if queued > 0 {
+		w.st.dataSent.Add(queued)
+		w.st.retransmits.Add(resent)
+		refused, lastErr, err := w.bc.flush()
+		if refused > 0 {
+			w.st.sendErrors.Add(uint64(refused))
+			w.lastSendErr = lastErr
+		}
+		if err != nil {
+			if isClosed(err) {
+				return 0, fmt.Errorf("allreduce: %w", ErrClosed)
+			}
+			return 0, fmt.Errorf("allreduce: send: %w", err)
+		}
+	}
+	return max(earliest-int64(time.Since(w.epoch)), 0), nil
+}
+
+// encode writes fragment f's DATA packet from the (still original) tensor values. Called with mu
+// held: the receive goroutine writes results into the same tensor.
+func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
+	op := &w.op
+	lo := f.idx * bpf.MaxValues
+	vals := op.data[lo:min(lo+bpf.MaxValues, len(op.data))]
+	out := f.pkt[bpf.HdrSize : bpf.HdrSize+4*len(vals)]
+	if enc == encFixed32 {
+		for j, x := range vals {
+			q, ok := Quantize(x, w.cfg.ScaleLog2)
+			if !ok {
+				flags |= fOverflow // the sum cannot be right in fixed point: ask for the float repair
+			}
+			binary.LittleEndian.PutUint32(out[4*j:], uint32(q))
+		}
+	} else {
+		for j, x := range vals {
+			binary.LittleEndian.PutUint32(out[4*j:], math.Float32bits(x))
+		}
+	}
+	seq := op.seqBase + uint64(f.idx)
+	h := bpf.XdpaggHdr{
+		Version:   bpf.Version,
+		Type:      msgData,
+		Encoding:  enc,
+		ScaleLog2: w.cfg.ScaleLog2,
+		Flags:     flags,
+		Count:     uint16(len(vals)),
+		JobId:     w.cfg.JobID,
+		Seq:       uint32(seq),
+		AggIndex:  aggIndexFrom(w.slotBase, seq, w.cfg.Window, w.cfg.PoolSize),
+		Bitmap0:   1 << w.cfg.WorkerID,
+		FanIn0:    w.cfg.NumWorkers,
+		WorkerId:  w.cfg.WorkerID,
+	}
+	EncodeHeader(f.pkt[:], &h)
+	f.plen = bpf.HdrSize + 4*len(vals)
+}
+
+// receive is the worker's one receive goroutine: it takes results in batches and writes them
+// straight into the running AllReduce's tensor.
+func (w *Worker) receive() {
+	defer close(w.recvDone)
+	for {
+		n, err := w.bc.recv()
+		if err != nil {
+			if isClosed(err) {
+				w.recvErr = ErrClosed
+				return
+			}
+			if transientRecv(err) {
+				continue
+			}
+			w.recvErr = err
+			return
+		}
+		w.mu.Lock()
+		for i := 0; i < n; i++ {
+			w.handleResult(i)
+		}
+		w.mu.Unlock()
+		select { // wake AllReduce; a pending kick already will
+		case w.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// handleResult applies datagram i of the last receive batch. Called with mu held.
+func (w *Worker) handleResult(i int) {
+	b, err := w.bc.rpkt(i)
+	if err != nil {
+		w.st.malformed.Add(1)
+		return
+	}
+	h, vals, err := ParsePacket(b)
+	if err == nil && h.Type == msgAck && h.JobId == w.cfg.JobID {
+		if h.Seq == w.ackWant {
+			w.ackGot = true
+		}
+		return
+	}
+	if err != nil || h.Type != msgResult || h.JobId != w.cfg.JobID {
+		w.st.malformed.Add(1)
+		return
+	}
+	op := &w.op
+	off := int64(h.Seq - uint32(op.seqBase)) // serial arithmetic: the op's fragments are 0..nfrags-1
+	if !op.active || off < int64(op.low) || off >= int64(op.next) {
+		w.st.duplicates.Add(1)
+		return
+	}
+	f := &op.ring[int(off)%len(op.ring)]
+	if f.idx != int(off) || f.state == fragDone {
+		w.st.duplicates.Add(1)
+		return
+	}
+	lo := f.idx * bpf.MaxValues
+	dst := op.data[lo:min(lo+bpf.MaxValues, len(op.data))]
+	if int(h.Count) != len(dst) || h.AggIndex != aggIndexFrom(w.slotBase, op.seqBase+uint64(off), w.cfg.Window, w.cfg.PoolSize) {
+		w.st.malformed.Add(1)
+		return
+	}
+	switch h.Encoding {
+	case encFixed32:
+		if f.state == fragRepair {
+			w.st.duplicates.Add(1) // another copy of the saturated sum: the repair is under way
+			return
+		}
+		if h.Flags&fOverflow != 0 {
+			// ATP's overflow repair: the sum saturated somewhere, so resend the original floats
+			// to the PS, which sums them exactly. Every worker got this same result, so every
+			// worker repairs, and the float sum completes.
+			f.state, f.repairQueued = fragRepair, true
+			w.st.repairs.Add(1)
+			return
+		}
+		for j := range dst {
+			dst[j] = Dequantize(int32(binary.LittleEndian.Uint32(vals[4*j:])), h.ScaleLog2)
+		}
+	case encFloat32:
+		for j := range dst {
+			dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(vals[4*j:]))
+		}
+	default:
+		w.st.malformed.Add(1)
+		return
+	}
+	f.state, f.repairQueued = fragDone, false
+	w.st.results.Add(1)
+	if h.Flags&fShadow != 0 {
+		w.st.shadow.Add(1)
+	}
+	if h.Flags&fFromSwitch == 0 {
+		w.st.fromPS.Add(1)
+	}
+	if h.Flags&fCollision != 0 {
+		w.st.collisions.Add(1)
+	}
+}

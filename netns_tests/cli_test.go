@@ -1,0 +1,240 @@
+package netns_tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpagg/xdpagg/agent"
+	"github.com/xdpagg/xdpagg/hostlib"
+	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
+)
+
+// buildCLI compiles cmd/xdpagg once per test binary run.
+func buildCLI(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "xdpagg")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/xdpagg").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build CLI: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// bpffsDir mounts a private bpffs for the test's pins and unmounts it at cleanup.
+func bpffsDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := loader.MountBPFFS(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, 0) })
+	return dir
+}
+
+type inspectOut struct {
+	Counters map[string]uint64 `json:"counters"`
+	Members  []struct {
+		JobID    uint32 `json:"job"`
+		WorkerID uint8  `json:"worker"`
+	} `json:"members"`
+	Ports []uint32 `json:"ports"`
+	InUse int      `json:"slots_in_use"`
+}
+
+func inspect(t *testing.T, bin, pinRoot string) inspectOut {
+	t.Helper()
+	out, err := exec.Command(bin, "inspect", "--json", "--slots", "--pin-root", pinRoot, "--name", "t").Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("inspect: %v: %s", err, ee.Stderr)
+		}
+		t.Fatalf("inspect: %v", err)
+	}
+	var in inspectOut
+	if err := json.Unmarshal(out, &in); err != nil {
+		t.Fatalf("inspect output %q: %v", out, err)
+	}
+	return in
+}
+
+// The CLI end to end: `xdpagg switch` in the switch namespace, workers that JOIN through the
+// control path, allreduces through it, `xdpagg inspect --json` from another process showing
+// counters that move, and a clean detach/unpin on SIGTERM.
+func TestCLISwitchInspect(t *testing.T) {
+	bin := buildCLI(t)
+	pinRoot := bpffsDir(t)
+
+	// Host-side veth ends need an XDP program so the switch's XDP_TX/redirect frames are accepted.
+	pass, err := loader.Load(loader.Config{PoolSize: 1})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatalf("%+v", err)
+	}
+	t.Cleanup(func() { pass.Close() })
+	prefix := topo.NewPrefix()
+	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: 2, PS: true, HostXDP: pass.Objects.XdpaggPass})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		tp.Close()
+		if left, _ := topo.Leftovers(prefix); len(left) > 0 {
+			t.Errorf("namespaces left: %v", left)
+		}
+	})
+
+	ready := filepath.Join(t.TempDir(), "ready.json")
+	var ports []string
+	for _, h := range tp.Hosts() {
+		ports = append(ports, h.Port)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command("ip", "netns", "exec", tp.SwitchNS, bin, "switch", "--name", "t", "--pin-root", pinRoot,
+		"--iface", strings.Join(ports, ","), "--pool", "256", "--ready-file", ready, "--metrics-addr", "127.0.0.1:0")
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	// Wait for the ready file (the daemon's own signal), or for the daemon to die.
+	deadline := time.After(30 * time.Second)
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("switch exited before ready: %v\n%s", err, stderr.String())
+		case <-deadline:
+			t.Fatalf("switch not ready after 30s\n%s", stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	var rd agent.Ready
+	b, _ := os.ReadFile(ready)
+	if err := json.Unmarshal(b, &rd); err != nil || rd.PinDir == "" {
+		t.Fatalf("ready file %q: %v", b, err)
+	}
+
+	first := inspect(t, bin, pinRoot)
+	if len(first.Ports) != 3 {
+		t.Fatalf("ports %v, want 3", first.Ports)
+	}
+
+	// PS and workers; the workers register through the control path.
+	ps := tp.PS
+	psAddr := netip.AddrPortFrom(ps.IP, loader.DefaultPort)
+	var srv *hostlib.PS
+	if err := tp.InHost(ps, func() (err error) {
+		srv, err = hostlib.NewPS(hostlib.PSConfig{Listen: psAddr, Switch: netip.AddrPortFrom(ps.Gateway, loader.DefaultPort)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go srv.Serve(ctx)
+	t.Cleanup(func() { srv.Close() })
+	var workers []*hostlib.Worker
+	for i, h := range tp.Workers {
+		if err := tp.InHost(h, func() error {
+			w, err := hostlib.NewWorker(hostlib.WorkerConfig{JobID: 7, WorkerID: uint8(i), NumWorkers: 2,
+				Local: netip.AddrPortFrom(h.IP, 9600), PS: psAddr, PoolSize: 256})
+			if err != nil {
+				return err
+			}
+			workers = append(workers, w)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { workers[i].Close() })
+		jctx, jcancel := context.WithTimeout(ctx, 10*time.Second)
+		err := workers[i].Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC, ps.IP)
+		jcancel()
+		if err != nil {
+			t.Fatalf("worker %d join: %v\n%s", i, err, stderr.String())
+		}
+	}
+	if got := inspect(t, bin, pinRoot); len(got.Members) != 2 {
+		t.Fatalf("members after join: %+v", got.Members)
+	}
+
+	in, ref := inputs(2, 10*K+3, 99, uniform)
+	errs := make(chan error, 2)
+	for i, w := range workers {
+		go func() { errs <- w.AllReduce(ctx, in[i]) }()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkFixed(t, in, ref, 24)
+
+	second := inspect(t, bin, pinRoot)
+	for _, c := range []string{"rx", "aggregated", "completed", "egress_tx", "control"} {
+		if second.Counters[c] <= first.Counters[c] {
+			t.Errorf("counter %s did not move: %d -> %d", c, first.Counters[c], second.Counters[c])
+		}
+	}
+	if second.Counters["completed"]-first.Counters["completed"] != 11 {
+		t.Errorf("completed moved by %d, want 11 fragments", second.Counters["completed"]-first.Counters["completed"])
+	}
+
+	// SIGTERM: the daemon detaches, unpins and removes its ready file.
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("switch exit: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("switch did not exit on SIGTERM")
+	}
+	if _, err := os.Stat(rd.PinDir); !os.IsNotExist(err) {
+		t.Errorf("pin dir %s still there after exit (%v)", rd.PinDir, err)
+	}
+	if _, err := os.Stat(ready); !os.IsNotExist(err) {
+		t.Errorf("ready file still there after exit")
+	}
+	if err := tp.InSwitch(func() error {
+		for _, p := range ports {
+			l, err := netlink.LinkByName(p)
+			if err != nil {
+				return err
+			}
+			if x := l.Attrs().Xdp; x != nil && x.Attached {
+				t.Errorf("port %s still has XDP attached (prog id %d)", p, x.ProgId)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
