@@ -67,12 +67,14 @@ struct {
 	__type(value, struct member);
 } members SEC(".maps");
 
-/* Verdict counters. Key: enum counter (u32). Value: u64 per CPU, host order. */
+/* Verdict counters. Key: 0 (one entry). Value: struct counters per CPU, indexed by enum counter,
+ * host order. One entry, looked up once per packet: a switch touches each register array once per
+ * pass, and one lookup is cheaper than one per counter bump. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, CNT_MAX);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct counters);
 } counters SEC(".maps");
 
 /* One-entry per-CPU scratch for fragment values (1440 bytes: too big for the 512-byte stack). */
@@ -89,11 +91,16 @@ struct {
 #define OFF_HDR (OFF_UDP + sizeof(struct udphdr))
 #define OFF_VALS (OFF_HDR + sizeof(struct hdr))
 
-static __always_inline void count(__u32 id)
+static __always_inline struct counters *counters_get(void)
 {
-	__u64 *v = bpf_map_lookup_elem(&counters, &id);
-	if (v)
-		*v += 1; /* per-CPU: no atomics needed */
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&counters, &zero);
+}
+
+static __always_inline void count(struct counters *c, __u32 id)
+{
+	if (c && id < CNT_MAX)
+		c->cnt[id] += 1; /* per-CPU: no atomics needed */
 }
 
 /* Bounds-checked parsing cursor: every access goes through cursor_take. */
@@ -205,19 +212,19 @@ static __always_inline void make_result(struct hdr *h, __u32 bitmap, __u16 slot_
 
 /* Hand a packet to the PS unaggregated: the kernel routes it (dst is the PS). The UDP checksum is
  * zeroed because we changed the header (and a veth sender may have left it partial). */
-static __always_inline int to_ps(struct pkt *p, __u16 add_flags)
+static __always_inline int to_ps(struct counters *ctr, struct pkt *p, __u16 add_flags)
 {
 	p->h->flags |= add_flags;
 	p->udp->check = 0;
-	count(CNT_TO_PS);
+	count(ctr, CNT_TO_PS);
 	return XDP_PASS;
 }
 
-static __always_inline int broadcast(void)
+static __always_inline int broadcast(struct counters *ctr)
 {
 	long r = bpf_redirect_map(&ports, 0, BPF_F_BROADCAST);
 	if (r != XDP_REDIRECT)
-		count(CNT_REDIRECT_ERR);
+		count(ctr, CNT_REDIRECT_ERR);
 	return (int)r;
 }
 
@@ -232,7 +239,7 @@ enum data_verdict {
 	V_MALFORMED,
 };
 
-static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
+static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr, struct pkt *p)
 {
 	struct hdr *h = p->h;
 	__u32 level1 = h->flags & F_LEVEL1;
@@ -246,7 +253,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
 	if (h->job_id == 0)
 		goto malformed;
 	if (h->encoding != ENC_FIXED32 || (h->flags & F_COLLISION))
-		return to_ps(p, 0); /* float repair traffic, or already diverted upstream */
+		return to_ps(ctr, p, 0); /* float repair traffic, or already diverted upstream */
 
 	__u32 zero = 0;
 	struct scratch *sc = bpf_map_lookup_elem(&scratch_buf, &zero);
@@ -381,20 +388,20 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
 	bpf_spin_unlock(&s->lock);
 
 	if (reclaimed && (verdict == V_AGGREGATED || verdict == V_COMPLETED))
-		count(CNT_RECLAIMED);
+		count(ctr, CNT_RECLAIMED);
 
 	switch (verdict) {
 	case V_AGGREGATED:
-		count(CNT_AGGREGATED);
+		count(ctr, CNT_AGGREGATED);
 		return XDP_DROP; /* consumed: its values live in the slot now */
 	case V_DUPLICATE:
-		count(CNT_DUPLICATE);
+		count(ctr, CNT_DUPLICATE);
 		return XDP_DROP;
 	case V_COLLISION:
-		count(CNT_COLLISION);
-		return to_ps(p, F_COLLISION);
+		count(ctr, CNT_COLLISION);
+		return to_ps(ctr, p, F_COLLISION);
 	case V_TO_PS:
-		return to_ps(p, 0);
+		return to_ps(ctr, p, 0);
 	case V_MALFORMED:
 		goto malformed;
 	case V_SHADOW:
@@ -423,30 +430,30 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct pkt *p)
 		q.udp->dest = q.udp->source;
 		q.udp->source = bpf_htons(agg_port);
 		q.udp->check = 0;
-		count(CNT_SHADOW_TX);
+		count(ctr, CNT_SHADOW_TX);
 		return XDP_TX;
 	}
 
 	make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH);
 	q.udp->check = 0; /* payload changed; egress zeroes it too, but a result must be valid anywhere */
-	count(CNT_AGGREGATED);
-	count(CNT_COMPLETED);
+	count(ctr, CNT_AGGREGATED);
+	count(ctr, CNT_COMPLETED);
 	if (out_flags & F_OVERFLOW)
-		count(CNT_OVERFLOW);
-	return broadcast();
+		count(ctr, CNT_OVERFLOW);
+	return broadcast(ctr);
 
 malformed:
-	count(CNT_MALFORMED);
+	count(ctr, CNT_MALFORMED);
 	return XDP_DROP;
 }
 
 /* A result from the PS: free a matching half-filled slot (its contributions reached the PS some
  * other way; ATP's deallocation by parameter packet) and broadcast to the job. */
-static __always_inline int handle_result(struct pkt *p)
+static __always_inline int handle_result(struct counters *ctr, struct pkt *p)
 {
 	struct hdr *h = p->h;
 	if (h->job_id == 0) {
-		count(CNT_MALFORMED);
+		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;
 	}
 	__u32 idx = h->agg_index;
@@ -457,41 +464,42 @@ static __always_inline int handle_result(struct pkt *p)
 			s->state = SLOT_FREE;
 		bpf_spin_unlock(&s->lock);
 	}
-	count(CNT_PS_RESULT);
-	return broadcast();
+	count(ctr, CNT_PS_RESULT);
+	return broadcast(ctr);
 }
 
 SEC("xdp")
 int xdpagg_switch(struct xdp_md *ctx)
 {
+	struct counters *ctr = counters_get();
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
 	struct pkt p;
 
 	int pr = parse(&c, &p);
 	if (pr == PARSE_NOT_OURS) {
-		count(CNT_NON_AGG);
+		count(ctr, CNT_NON_AGG);
 		return XDP_PASS;
 	}
-	count(CNT_RX);
+	count(ctr, CNT_RX);
 	if (pr == PARSE_MALFORMED) {
-		count(CNT_MALFORMED);
+		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;
 	}
 	switch (p.h->type) {
 	case MSG_DATA:
-		return handle_data(ctx, &p);
+		return handle_data(ctx, ctr, &p);
 	case MSG_RESULT:
-		return handle_result(&p);
+		return handle_result(ctr, &p);
 	case MSG_JOIN:
 	case MSG_LEAVE:
 	case MSG_RESET:
 	case MSG_ACK:
 	case MSG_RETRANSMIT:
 	case MSG_HEARTBEAT:
-		count(CNT_CONTROL);
+		count(ctr, CNT_CONTROL);
 		return XDP_PASS; /* the agent's socket on the switch takes control messages */
 	default:
-		count(CNT_MALFORMED);
+		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;
 	}
 }
@@ -499,6 +507,7 @@ int xdpagg_switch(struct xdp_md *ctx)
 SEC("xdp/devmap")
 int xdpagg_egress(struct xdp_md *ctx)
 {
+	struct counters *ctr = counters_get();
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
 	struct pkt p;
 	if (parse(&c, &p) != PARSE_OK || p.h->type != MSG_RESULT)
@@ -507,7 +516,7 @@ int xdpagg_egress(struct xdp_md *ctx)
 	struct member_key k = { .job_id = p.h->job_id, .ifindex = ctx->egress_ifindex };
 	struct member *m = bpf_map_lookup_elem(&members, &k);
 	if (!m) {
-		count(CNT_EGRESS_SKIP);
+		count(ctr, CNT_EGRESS_SKIP);
 		return XDP_DROP;
 	}
 	__builtin_memcpy(p.eth->h_dest, m->dst_mac, ETH_ALEN);
@@ -519,7 +528,7 @@ int xdpagg_egress(struct xdp_md *ctx)
 	p.udp->source = bpf_htons(agg_port);
 	p.udp->dest = m->dst_port;
 	p.udp->check = 0;
-	count(CNT_EGRESS_TX);
+	count(ctr, CNT_EGRESS_TX);
 	return XDP_PASS;
 }
 

@@ -148,7 +148,8 @@ struct member {
 };
 
 /*
- * Per-CPU counters. Map `counters`, PERCPU_ARRAY keyed by enum counter (u32), value u64 (host order).
+ * Per-CPU counters. Map `counters`, a one-entry PERCPU_ARRAY whose value is struct counters: one
+ * u64 (host order) per enum counter.
  * Every packet at the aggregation port counts in CNT_RX and in exactly one verdict: AGGREGATED,
  * DUPLICATE, TO_PS, MALFORMED, PS_RESULT, SHADOW_TX or CONTROL. COMPLETED, COLLISION, OVERFLOW and
  * RECLAIMED count events on top of a verdict; EGRESS_* count broadcast copies per port.
@@ -171,6 +172,10 @@ enum counter {
 	CNT_REDIRECT_ERR,    /* broadcast redirects that failed */
 	CNT_CONTROL,         /* control messages passed up to the agent */
 	CNT_MAX,
+};
+
+struct counters {
+	__u64 cnt[CNT_MAX];
 };
 
 /* Per-CPU scratch for moving fragment values between packet and slot (too big for the stack). */

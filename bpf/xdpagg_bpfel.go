@@ -44,6 +44,11 @@ const (
 	XdpaggCounterCNT_MAX          XdpaggCounter = 16
 )
 
+type XdpaggCounters struct {
+	_   structs.HostLayout
+	Cnt [16]uint64
+}
+
 type XdpaggEncoding uint32
 
 const (

@@ -46,6 +46,9 @@ const (
 	NumCounters    = int(bpf.XdpaggCounterCNT_MAX)
 )
 
+// The C struct counters must have exactly one slot per enum counter.
+var _ = [1]struct{}{}[len(bpf.XdpaggCounters{}.Cnt)-NumCounters]
+
 var counterNames = [NumCounters]string{
 	CntRx:          "rx",
 	CntAggregated:  "aggregated",
@@ -98,7 +101,7 @@ type Maps struct {
 	Slots    *ebpf.Map // agg_index -> bpf.XdpaggSlot
 	Members  *ebpf.Map // bpf.XdpaggMemberKey -> bpf.XdpaggMember
 	Ports    *ebpf.Map // ifindex -> bpf.XdpaggBpfDevmapVal
-	Counters *ebpf.Map // Counter -> per-CPU uint64
+	Counters *ebpf.Map // 0 -> per-CPU bpf.XdpaggCounters, indexed by Counter
 	owned    bool
 }
 
@@ -146,12 +149,12 @@ func (m *Maps) Close() error {
 // ReadCounters sums every counter over all CPUs.
 func (m *Maps) ReadCounters() (Counters, error) {
 	var out Counters
-	var percpu []uint64
-	for i := range NumCounters {
-		if err := m.Counters.Lookup(uint32(i), &percpu); err != nil {
-			return out, fmt.Errorf("read counter %s: %w", CounterName(Counter(i)), err)
-		}
-		for _, v := range percpu {
+	var percpu []bpf.XdpaggCounters
+	if err := m.Counters.Lookup(uint32(0), &percpu); err != nil {
+		return out, fmt.Errorf("read counters: %w", err)
+	}
+	for _, c := range percpu {
+		for i, v := range c.Cnt {
 			out[i] += v
 		}
 	}
