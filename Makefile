@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 BIN := bin/xdpagg
 TEST_TIMEOUT ?= 40m
 
-.PHONY: all deps deps-clang generate check-generated build test demo lint clean
+.PHONY: all deps deps-clang deps-bench generate check-generated build test demo bench lint clean
 
 all: build
 
@@ -16,6 +16,9 @@ deps-clang:
 	@scripts/deps.sh --clang
 
 # Regenerate the BPF objects and Go bindings (needs clang; commit the result).
+deps-bench:
+	@scripts/deps.sh --bench
+
 generate: deps-clang
 	cd bpf && $(GO) generate ./...
 
@@ -30,11 +33,17 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out" >&2; exit 1; fi
 	$(GO) vet ./...
 
-test: deps lint
+# The Gloo baseline's tests need python3-torch, so tests install the bench dependencies too.
+test: deps-bench lint
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 demo: deps build
 	./$(BIN) demo
+
+# Side-by-side benchmark (xdpagg, user-space PS, ring, Gloo): table on stdout, bench-out/bench.{json,png}.
+BENCH_FLAGS ?=
+bench: deps-bench build
+	./$(BIN) bench --out bench-out --with-capacity $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin

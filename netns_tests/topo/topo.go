@@ -69,6 +69,9 @@ type Host struct {
 	PortIndex int              // ifindex of Port inside the switch namespace
 	PortMAC   net.HardwareAddr // of Port
 	Gateway   netip.Addr       // Port's address, 10.200.<i+1>.1: the host's default gateway
+	// XDPLink is the host's Config.HostXDP attachment (nil without one). Tests swap the program
+	// with XDPLink.Update, e.g. for one that drops some packets; Close closes it.
+	XDPLink link.Link
 }
 
 // Topology is a built topology. Close it to delete everything it made.
@@ -394,6 +397,7 @@ func (t *Topology) addHost(cfg Config, swNS netns.NsHandle, sw *netlink.Handle, 
 				return fmt.Errorf("attach host XDP program to %s: %w", h.Ifname, err)
 			}
 			t.xdpLinks = append(t.xdpLinks, l)
+			h.XDPLink = l
 			return nil
 		})
 		if err != nil {
