@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,6 +68,9 @@ func (c Config) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, i := range c.Interfaces {
+		if i == "" {
+			return fmt.Errorf("%w: empty interface name in %q: list names separated by single commas", ErrConfig, strings.Join(c.Interfaces, ","))
+		}
 		if seen[i] {
 			return fmt.Errorf("%w: interface %q named twice", ErrConfig, i)
 		}

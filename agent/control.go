@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/net/ipv4"
 
 	"github.com/xdpagg/xdpagg/bpf"
@@ -95,7 +96,8 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return fmt.Errorf("%w: join body: %w", errBadControl, err)
 		}
 		if bpf.XdpaggMsgType(h.Type) == bpf.XdpaggMsgTypeMSG_LEAVE {
-			if err := c.maps.DeleteMember(h.JobId, uint32(ifindex)); err != nil {
+			// A resent LEAVE (its ACK was lost) finds the member gone: acknowledge it again.
+			if err := c.maps.DeleteMember(h.JobId, uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
 			}
 			c.log.Info("worker left", "job", h.JobId, "worker", h.WorkerId, "addr", from)

@@ -194,6 +194,8 @@ func (s *Switch) Pin(dir string) error {
 			return fmt.Errorf("create pin directory: %w", err)
 		}
 	}
+	// Record the directory first, so a failure part-way still has Close remove what was pinned.
+	s.pinDir = dir
 	named := map[string]*ebpf.Map{
 		bpf.XdpaggMapSlots:    s.Objects.Slots,
 		bpf.XdpaggMapMembers:  s.Objects.Members,
@@ -202,10 +204,10 @@ func (s *Switch) Pin(dir string) error {
 	}
 	for name, m := range named {
 		if err := m.Pin(filepath.Join(dir, "maps", name)); err != nil {
+			s.unpin()
 			return fmt.Errorf("pin map %s: %w", name, err)
 		}
 	}
-	s.pinDir = dir
 	for ifindex, l := range s.links {
 		if err := l.Pin(s.linkPin(ifindex)); err != nil {
 			return fmt.Errorf("pin link of ifindex %d: %w", ifindex, err)
@@ -224,15 +226,23 @@ func (s *Switch) Close() error {
 	for ifindex := range s.links {
 		errs = append(errs, s.DetachPort(ifindex))
 	}
-	if s.pinDir != "" {
-		for _, m := range []*ebpf.Map{s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters} {
-			errs = append(errs, m.Unpin())
-		}
-		_ = os.Remove(filepath.Join(s.pinDir, "maps"))
-		_ = os.Remove(filepath.Join(s.pinDir, "links"))
-		_ = os.Remove(s.pinDir)
-		s.pinDir = ""
-	}
+	errs = append(errs, s.unpin())
 	errs = append(errs, s.Objects.Close())
+	return errors.Join(errs...)
+}
+
+// unpin removes the map pins and the pin directories (link pins go with DetachPort).
+func (s *Switch) unpin() error {
+	if s.pinDir == "" {
+		return nil
+	}
+	var errs []error
+	for _, m := range []*ebpf.Map{s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters} {
+		errs = append(errs, m.Unpin()) // a no-op for a map that was never pinned
+	}
+	_ = os.Remove(filepath.Join(s.pinDir, "maps"))
+	_ = os.Remove(filepath.Join(s.pinDir, "links"))
+	_ = os.Remove(s.pinDir)
+	s.pinDir = ""
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@
 package maps
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -259,6 +260,16 @@ type Member struct {
 	MAC      net.HardwareAddr `json:"mac"`      // worker's MAC (next hop from that port)
 	PortMAC  net.HardwareAddr `json:"port_mac"` // the switch port's MAC
 	SrcIP    netip.Addr       `json:"src_ip"`   // source address results carry (the PS)
+}
+
+// MarshalJSON writes MACs as "02:00:..." strings rather than base64 bytes.
+func (mb Member) MarshalJSON() ([]byte, error) {
+	type plain Member // no methods: no recursion
+	return json.Marshal(struct {
+		plain
+		MAC     string `json:"mac"`
+		PortMAC string `json:"port_mac"`
+	}{plain(mb), mb.MAC.String(), mb.PortMAC.String()})
 }
 
 // ErrBadMember is returned for members that cannot be encoded.

@@ -60,6 +60,9 @@ func runDemo(args []string, stdout io.Writer) error {
 	if *values < 1 {
 		return fmt.Errorf("%w: --values %d: use at least 1", errUsage, *values)
 	}
+	if *pool == 0 || *pool > loader.MaxPoolSize {
+		return fmt.Errorf("%w: --pool %d: use 1..%d", errUsage, *pool, loader.MaxPoolSize)
+	}
 	if *rounds < 1 {
 		return fmt.Errorf("%w: --rounds %d: use at least 1", errUsage, *rounds)
 	}

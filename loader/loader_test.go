@@ -1,0 +1,524 @@
+package loader_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/loader"
+)
+
+// skipIfUnsupported skips the test when the kernel lacks a feature the switch needs. Any other
+// error (including a lack of privileges) fails it.
+func skipIfUnsupported(t *testing.T, what string, err error) {
+	t.Helper()
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skipf("%s: %v", what, err)
+	}
+	if err != nil {
+		t.Fatalf("%s: %+v", what, err)
+	}
+}
+
+// load loads a switch with cfg and closes it at cleanup.
+func load(t *testing.T, cfg loader.Config) *loader.Switch {
+	t.Helper()
+	sw, err := loader.Load(cfg)
+	skipIfUnsupported(t, "load switch", err)
+	t.Cleanup(func() {
+		if err := sw.Close(); err != nil {
+			t.Errorf("close switch: %v", err)
+		}
+	})
+	return sw
+}
+
+// bpffsDir mounts a private bpffs in a temporary directory and unmounts it at cleanup.
+func bpffsDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "bpf")
+	if err := loader.MountBPFFS(dir); err != nil {
+		t.Fatalf("MountBPFFS: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// inNewNetns locks the test goroutine to its thread and moves the thread into a fresh, unnamed
+// network namespace. At cleanup (after every cleanup registered later) the thread goes back to its
+// namespace and is unlocked; the new namespace disappears with its last reference.
+func inNewNetns(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("get network namespace: %v", err)
+	}
+	ns, err := netns.New()
+	if err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		t.Fatalf("new network namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := netns.Set(orig); err != nil {
+			// Stay locked: the runtime discards the thread when the goroutine ends.
+			t.Errorf("restore network namespace: %v", err)
+			return
+		}
+		ns.Close()
+		orig.Close()
+		runtime.UnlockOSThread()
+	})
+}
+
+// addVeth creates a veth pair (in the thread's namespace), sets both ends up and returns the
+// ifindex of the first.
+func addVeth(t *testing.T, name, peer string) int {
+	t.Helper()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+		t.Fatalf("add veth %s: %v", name, err)
+	}
+	var idx int
+	for _, n := range []string{name, peer} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			t.Fatalf("find %s: %v", n, err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatalf("set %s up: %v", n, err)
+		}
+		if n == name {
+			idx = l.Attrs().Index
+		}
+	}
+	return idx
+}
+
+// xdpProgID returns the id of the XDP program attached to ifindex, 0 if none.
+func xdpProgID(t *testing.T, ifindex int) uint32 {
+	t.Helper()
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		t.Fatalf("link %d: %v", ifindex, err)
+	}
+	if x := l.Attrs().Xdp; x != nil && x.Attached {
+		return x.ProgId
+	}
+	return 0
+}
+
+func TestConfigWithDefaults(t *testing.T) {
+	got := loader.Config{}.WithDefaults()
+	want := loader.Config{Port: loader.DefaultPort, PoolSize: 4096, SlotTimeout: 5 * time.Second}
+	if got != want {
+		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
+	}
+	if loader.DefaultPort != 9510 {
+		t.Errorf("DefaultPort = %d, want 9510 (docs/protocol.md)", loader.DefaultPort)
+	}
+	set := loader.Config{Port: 1, PoolSize: 2, SlotTimeout: time.Millisecond, Generic: true}
+	if got := set.WithDefaults(); got != set {
+		t.Errorf("WithDefaults changed set fields: %+v -> %+v", set, got)
+	}
+	if err := (loader.Config{}).WithDefaults().Validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := loader.Config{}.WithDefaults()
+	for _, tc := range []struct {
+		name string
+		cfg  loader.Config
+		want []string // substrings of the error; nil = valid
+	}{
+		{"defaults", ok, nil},
+		{"pool 1", loader.Config{Port: 1, PoolSize: 1, SlotTimeout: time.Millisecond}, nil},
+		{"pool max", loader.Config{Port: 1, PoolSize: loader.MaxPoolSize, SlotTimeout: time.Hour}, nil},
+		{"pool 0", loader.Config{Port: 1, PoolSize: 0, SlotTimeout: time.Second},
+			[]string{"pool size 0", "use 1..1048576 slots"}},
+		{"pool too big", loader.Config{Port: 1, PoolSize: loader.MaxPoolSize + 1, SlotTimeout: time.Second},
+			[]string{"pool size 1048577", "use 1..1048576 slots"}},
+		{"tiny slot timeout", loader.Config{Port: 1, PoolSize: 8, SlotTimeout: 999 * time.Microsecond},
+			[]string{"slot timeout 999µs", "at least 1ms"}},
+		{"negative slot timeout", loader.Config{Port: 1, PoolSize: 8, SlotTimeout: -time.Second},
+			[]string{"slot timeout -1s", "at least 1ms"}},
+		{"zero slot timeout without defaults", loader.Config{Port: 1, PoolSize: 8},
+			[]string{"slot timeout 0s", "at least 1ms"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("Validate(%+v) = %v, want nil", tc.cfg, err)
+				}
+				return
+			}
+			if !errors.Is(err, loader.ErrConfig) {
+				t.Fatalf("Validate(%+v) = %v, want an error wrapping ErrConfig", tc.cfg, err)
+			}
+			for _, s := range tc.want {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not say %q", err, s)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadRejectsBadConfig(t *testing.T) {
+	for _, cfg := range []loader.Config{
+		{PoolSize: loader.MaxPoolSize + 1},
+		{SlotTimeout: time.Microsecond},
+	} {
+		sw, err := loader.Load(cfg)
+		if !errors.Is(err, loader.ErrConfig) {
+			if sw != nil {
+				sw.Close()
+			}
+			t.Errorf("Load(%+v) = %v, want ErrConfig", cfg, err)
+		}
+	}
+}
+
+func TestSpec(t *testing.T) {
+	cfg := loader.Config{Port: 12345, PoolSize: 77, SlotTimeout: 1500 * time.Millisecond}
+	spec, err := loader.Spec(cfg)
+	if err != nil {
+		t.Fatalf("Spec: %v", err)
+	}
+	if got := spec.Maps[bpf.XdpaggMapSlots].MaxEntries; got != 77 {
+		t.Errorf("slots MaxEntries = %d, want 77", got)
+	}
+	var port uint16
+	if err := spec.Variables[bpf.XdpaggVarAggPort].Get(&port); err != nil {
+		t.Fatalf("get agg_port: %v", err)
+	}
+	if port != 12345 {
+		t.Errorf("agg_port = %d, want 12345", port)
+	}
+	var pool uint32
+	if err := spec.Variables[bpf.XdpaggVarPoolSize].Get(&pool); err != nil {
+		t.Fatalf("get pool_size: %v", err)
+	}
+	if pool != 77 {
+		t.Errorf("pool_size = %d, want 77", pool)
+	}
+	var timeout uint64
+	if err := spec.Variables[bpf.XdpaggVarSlotTimeoutNs].Get(&timeout); err != nil {
+		t.Fatalf("get slot_timeout_ns: %v", err)
+	}
+	if timeout != 1_500_000_000 {
+		t.Errorf("slot_timeout_ns = %d, want 1500000000", timeout)
+	}
+
+	// Every call starts from the embedded object: one configuration does not leak into the next.
+	spec2, err := loader.Spec(loader.Config{Port: 1, PoolSize: 3, SlotTimeout: time.Second})
+	if err != nil {
+		t.Fatalf("Spec: %v", err)
+	}
+	if got := spec2.Maps[bpf.XdpaggMapSlots].MaxEntries; got != 3 {
+		t.Errorf("second spec: slots MaxEntries = %d, want 3", got)
+	}
+	if got := spec.Maps[bpf.XdpaggMapSlots].MaxEntries; got != 77 {
+		t.Errorf("first spec changed by the second: slots MaxEntries = %d, want 77", got)
+	}
+}
+
+func TestLoadAppliesConfig(t *testing.T) {
+	sw := load(t, loader.Config{PoolSize: 33})
+	want := loader.Config{Port: loader.DefaultPort, PoolSize: 33, SlotTimeout: 5 * time.Second}
+	if sw.Config != want {
+		t.Errorf("Config = %+v, want the defaults applied: %+v", sw.Config, want)
+	}
+	if got := sw.Maps.PoolSize(); got != 33 {
+		t.Errorf("Maps.PoolSize() = %d, want 33", got)
+	}
+	if sw.Maps.Slots != sw.Objects.Slots || sw.Maps.Members != sw.Objects.Members ||
+		sw.Maps.Ports != sw.Objects.Ports || sw.Maps.Counters != sw.Objects.Counters {
+		t.Error("Maps does not wrap the loaded objects' maps")
+	}
+	if p := sw.Ports(); len(p) != 0 {
+		t.Errorf("fresh switch has ports %v", p)
+	}
+}
+
+func TestPinAndClose(t *testing.T) {
+	root := bpffsDir(t)
+	sw, err := loader.Load(loader.Config{PoolSize: 16})
+	skipIfUnsupported(t, "load switch", err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			sw.Close()
+		}
+	})
+	dir := filepath.Join(root, "sw")
+	if err := sw.Pin(dir); err != nil {
+		t.Fatalf("Pin: %v", err)
+	}
+	names := []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts, bpf.XdpaggMapCounters}
+	for _, name := range names {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", name), nil)
+		if err != nil {
+			t.Errorf("open pinned map %s: %v", name, err)
+			continue
+		}
+		if name == bpf.XdpaggMapSlots && m.MaxEntries() != 16 {
+			t.Errorf("pinned slots map has %d entries, want 16", m.MaxEntries())
+		}
+		m.Close()
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "links")); err != nil || !fi.IsDir() {
+		t.Errorf("links directory: %v", err)
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, "maps"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	slices.Sort(got)
+	want := slices.Clone(names)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("pinned maps %v, want %v", got, want)
+	}
+
+	closed = true
+	if err := sw.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin directory after Close: %v, want it gone", err)
+	}
+	if _, err := os.Stat(root); err != nil {
+		t.Errorf("Close removed the bpffs root too: %v", err)
+	}
+}
+
+func TestPinNotBPFFS(t *testing.T) {
+	sw := load(t, loader.Config{PoolSize: 4})
+	dir := filepath.Join(t.TempDir(), "sw")
+	err := sw.Pin(dir)
+	if !errors.Is(err, loader.ErrNotBPFFS) {
+		t.Fatalf("Pin on a non-bpffs directory = %v, want ErrNotBPFFS", err)
+	}
+	if !strings.Contains(err.Error(), "mount -t bpf") {
+		t.Errorf("error %q does not say how to mount a bpffs", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("failed Pin created %s: %v", dir, err)
+	}
+	// The switch is still usable and closes cleanly (cleanup).
+	if err := sw.Maps.ResetSlots(); err != nil {
+		t.Errorf("ResetSlots after a failed Pin: %v", err)
+	}
+}
+
+func TestCheckBPFFS(t *testing.T) {
+	if err := loader.CheckBPFFS(t.TempDir()); !errors.Is(err, loader.ErrNotBPFFS) {
+		t.Errorf("CheckBPFFS(tmpdir) = %v, want ErrNotBPFFS", err)
+	}
+	missing := filepath.Join(t.TempDir(), "missing")
+	if err := loader.CheckBPFFS(missing); !errors.Is(err, loader.ErrNotBPFFS) || !errors.Is(err, unix.ENOENT) {
+		t.Errorf("CheckBPFFS(missing) = %v, want ErrNotBPFFS wrapping ENOENT", err)
+	}
+	root := bpffsDir(t)
+	if err := loader.CheckBPFFS(root); err != nil {
+		t.Errorf("CheckBPFFS(bpffs) = %v", err)
+	}
+}
+
+// mountsAt counts the mounts at dir in this process's mount namespace.
+func mountsAt(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == dir {
+			n++
+		}
+	}
+	return n
+}
+
+func TestMountBPFFSIdempotent(t *testing.T) {
+	root := bpffsDir(t) // creates the directory and mounts
+	if err := loader.MountBPFFS(root); err != nil {
+		t.Fatalf("second MountBPFFS: %v", err)
+	}
+	if n := mountsAt(t, root); n != 1 {
+		t.Errorf("%d mounts at %s after two MountBPFFS calls, want 1", n, root)
+	}
+}
+
+func TestAttachDetach(t *testing.T) {
+	inNewNetns(t)
+	ifindex := addVeth(t, "xsw0", "xsw0p")
+	sw := load(t, loader.Config{PoolSize: 8})
+
+	if err := sw.AttachPort(ifindex); err != nil {
+		skipIfUnsupported(t, "attach XDP (native) to a veth", err)
+	}
+	if id := xdpProgID(t, ifindex); id == 0 {
+		t.Error("no XDP program on the port after AttachPort")
+	} else if info, err := sw.Objects.XdpaggSwitch.Info(); err == nil {
+		if pid, ok := info.ID(); ok && pid != ebpf.ProgramID(id) {
+			t.Errorf("port runs program %d, want xdpagg_switch (%d)", id, pid)
+		}
+	}
+	var val bpf.XdpaggBpfDevmapVal
+	if err := sw.Objects.Ports.Lookup(uint32(ifindex), &val); err != nil {
+		t.Fatalf("ports devmap has no entry for the attached port: %v", err)
+	}
+	if val.Ifindex != uint32(ifindex) || val.BpfProg.Fd == 0 {
+		t.Errorf("ports[%d] = %+v, want the ifindex and the egress program", ifindex, val)
+	}
+	if got := sw.Ports(); !slices.Equal(got, []int{ifindex}) {
+		t.Errorf("Ports() = %v, want [%d]", got, ifindex)
+	}
+
+	if err := sw.AttachPort(ifindex); !errors.Is(err, loader.ErrAttached) {
+		t.Errorf("second AttachPort = %v, want ErrAttached", err)
+	}
+	if err := sw.DetachPort(ifindex + 1000); !errors.Is(err, loader.ErrNotAttached) {
+		t.Errorf("DetachPort(unknown) = %v, want ErrNotAttached", err)
+	}
+
+	if err := sw.DetachPort(ifindex); err != nil {
+		t.Fatalf("DetachPort: %v", err)
+	}
+	if err := sw.Objects.Ports.Lookup(uint32(ifindex), &val); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("ports devmap after DetachPort: lookup = %v, want ErrKeyNotExist", err)
+	}
+	if id := xdpProgID(t, ifindex); id != 0 {
+		t.Errorf("XDP program %d still attached after DetachPort", id)
+	}
+	if got := sw.Ports(); len(got) != 0 {
+		t.Errorf("Ports() after DetachPort = %v", got)
+	}
+	if err := sw.DetachPort(ifindex); !errors.Is(err, loader.ErrNotAttached) {
+		t.Errorf("DetachPort twice = %v, want ErrNotAttached", err)
+	}
+
+	// A detached port can be attached again.
+	if err := sw.AttachPort(ifindex); err != nil {
+		t.Fatalf("re-attach: %v", err)
+	}
+	if id := xdpProgID(t, ifindex); id == 0 {
+		t.Error("no XDP program after re-attach")
+	}
+}
+
+func TestAttachUnknownInterface(t *testing.T) {
+	inNewNetns(t)
+	sw := load(t, loader.Config{PoolSize: 4})
+	const missing = 4242
+	err := sw.AttachPort(missing)
+	if err == nil {
+		t.Fatal("AttachPort of a missing ifindex succeeded")
+	}
+	if !strings.Contains(err.Error(), strconv.Itoa(missing)) {
+		t.Errorf("error %q does not name the ifindex", err)
+	}
+	if got := sw.Ports(); len(got) != 0 {
+		t.Errorf("failed AttachPort left ports %v", got)
+	}
+	if err := sw.AttachPort(missing); errors.Is(err, loader.ErrAttached) {
+		t.Errorf("failed AttachPort was recorded as attached: %v", err)
+	}
+}
+
+// xdpAttachedSKB is XDP_ATTACHED_SKB of the IFLA_XDP_ATTACHED attribute (include/uapi/linux/if_link.h).
+const xdpAttachedSKB = 2
+
+func TestAttachGeneric(t *testing.T) {
+	inNewNetns(t)
+	ifindex := addVeth(t, "xgen0", "xgen0p")
+	sw := load(t, loader.Config{PoolSize: 4, Generic: true})
+	if err := sw.AttachPort(ifindex); err != nil {
+		skipIfUnsupported(t, "attach XDP (generic) to a veth", err)
+	}
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := l.Attrs().Xdp; x == nil || !x.Attached || x.AttachMode != xdpAttachedSKB {
+		t.Errorf("XDP on the port = %+v, want attached in generic (skb) mode", x)
+	}
+	if err := sw.DetachPort(ifindex); err != nil {
+		t.Errorf("DetachPort: %v", err)
+	}
+}
+
+func TestPinnedLinks(t *testing.T) {
+	inNewNetns(t)
+	a := addVeth(t, "xpa", "xpap")
+	b := addVeth(t, "xpb", "xpbp")
+	root := bpffsDir(t)
+	sw, err := loader.Load(loader.Config{PoolSize: 4})
+	skipIfUnsupported(t, "load switch", err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			sw.Close()
+		}
+	})
+	// A port attached before Pin is pinned by Pin; one attached after, by AttachPort.
+	if err := sw.AttachPort(a); err != nil {
+		skipIfUnsupported(t, "attach XDP", err)
+	}
+	dir := filepath.Join(root, "sw")
+	if err := sw.Pin(dir); err != nil {
+		t.Fatalf("Pin: %v", err)
+	}
+	if err := sw.AttachPort(b); err != nil {
+		t.Fatalf("AttachPort after Pin: %v", err)
+	}
+	for _, idx := range []int{a, b} {
+		if _, err := os.Stat(filepath.Join(dir, "links", strconv.Itoa(idx))); err != nil {
+			t.Errorf("link of ifindex %d not pinned: %v", idx, err)
+		}
+	}
+	if err := sw.DetachPort(a); err != nil {
+		t.Fatalf("DetachPort: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "links", strconv.Itoa(a))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("link pin of a detached port: %v, want it gone", err)
+	}
+	closed = true
+	if err := sw.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin directory after Close: %v, want it gone", err)
+	}
+	if id := xdpProgID(t, b); id != 0 {
+		t.Errorf("Close left XDP program %d on ifindex %d", id, b)
+	}
+}
