@@ -4,10 +4,18 @@ package bpf
 const (
 	Version     = uint8(XdpaggLimitLIMIT_VERSION)
 	DefaultPort = uint16(XdpaggLimitLIMIT_DEFAULT_PORT)
-	// MaxValues is the number of 32-bit values one packet carries (K).
+	// MaxValues is the most 32-bit values one packet may carry (at an MTU of 3388 or more).
 	MaxValues = int(XdpaggLimitLIMIT_MAX_VALUES)
+	// StdValues is how many values fill a packet at the standard 1500-byte MTU (K).
+	StdValues = int(XdpaggLimitLIMIT_STD_VALUES)
 	// MaxWorkers is the number of workers one job can have at one aggregation level.
 	MaxWorkers = int(XdpaggLimitLIMIT_MAX_WORKERS)
 	// HdrSize is the size of the xdpagg header on the wire.
 	HdrSize = int(XdpaggLimitLIMIT_HDR_SIZE)
 )
+
+// ValuesForMTU is how many values fill one packet at an IPv4 MTU: (MTU - 20 IPv4 - 8 UDP - 32
+// header) / 4, capped at MaxValues.
+func ValuesForMTU(mtu int) int {
+	return max(0, min(MaxValues, (mtu-20-8-HdrSize)/4))
+}

@@ -239,6 +239,33 @@ enum data_verdict {
 	V_MALFORMED,
 };
 
+/* slot[i] = pkt[i] = slot[i] + pkt[i] with int32 saturation over the chunks that hold n values;
+ * returns 1 if any lane saturated. A separate (static, so verified in the caller's context)
+ * function: with the whole of handle_data live around it, clang spilled the loop's pointers to the
+ * stack on every lane; alone it keeps them in registers. Called under the slot's spin lock, which
+ * the kernel allows for static subprograms. */
+static __noinline __u32 add_saturating(__s32 *slot, __s32 *pkt, __u32 n)
+{
+	__u32 ovf = 0;
+	for (__u32 c = 0; c < XAGG_MAX_VALUES / XAGG_CHUNK; c++) {
+		if (c * XAGG_CHUNK >= n)
+			break;
+		__s32 *sv = slot + c * XAGG_CHUNK, *pv = pkt + c * XAGG_CHUNK;
+		for (__u32 j = 0; j < XAGG_CHUNK; j++) {
+			__s32 a = sv[j], b = pv[j];
+			__s32 r = (__s32)((__u32)a + (__u32)b);
+			/* Signed overflow iff a and b share a sign that r lacks; then saturate toward
+			 * that sign: INT32_MAX, or INT32_MIN for negative a. */
+			__u32 o = ((__u32)((a ^ r) & (b ^ r))) >> 31;
+			r ^= (r ^ ((a >> 31) ^ 0x7fffffff)) & -(__s32)o;
+			sv[j] = r;
+			pv[j] = r;
+			ovf |= o;
+		}
+	}
+	return ovf;
+}
+
 static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr, struct pkt *p)
 {
 	struct hdr *h = p->h;
@@ -285,16 +312,20 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	__u16 out_flags = 0;
 	int reclaimed = 0;
 
-	/* Zero the scratch tail past this fragment's values, so the fixed-trip value loop below adds
-	 * zeros there (slot tails are zero too: they were copied from a zeroed scratch). */
-	for (__u32 i = 0; i < XAGG_MAX_VALUES; i++) {
-		if (i >= n)
-			sc->vals[i] = 0;
+	/* Zero the scratch past this fragment's values up to the end of its last chunk, so the
+	 * chunked value loop below adds zeros there (slot tails stay zero: they were copied from a
+	 * zeroed scratch). */
+	__u32 tail = n & ~(XAGG_CHUNK - 1);
+	asm volatile("" : "+r"(tail)); /* bound-check the very register used to index below */
+	if (tail <= XAGG_MAX_VALUES - XAGG_CHUNK) {
+		for (__u32 j = 0; j < XAGG_CHUNK; j++) {
+			if (tail + j >= n)
+				sc->vals[tail + j] = 0;
+		}
 	}
 
-	/* How the value loop combines slot (a) and packet (b): r = (a & amask) + (b & bmask). */
-	__s32 amask = 0, bmask = 0;
-	int run = 0; /* run the value loop at all */
+	/* Which value pass the locked section runs over the fragment's chunks. */
+	enum { PASS_NONE, PASS_COPY, PASS_READ, PASS_ADD } run = PASS_NONE;
 
 	bpf_spin_lock(&s->lock);
 	int match = s->state != SLOT_FREE && s->job_id == job && s->seq == seq;
@@ -325,8 +356,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 			s->scale_log2 = h->scale_log2;
 			s->flags = pkt_flags;
 			s->ts_ns = now;
-			run = 1; /* copy: r = b */
-			bmask = -1;
+			run = PASS_COPY; /* slot = packet */
 			verdict = V_AGGREGATED;
 		}
 	} else if (s->state == SLOT_COMPLETE) {
@@ -334,8 +364,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		if (s->nvals != n) {
 			verdict = V_MALFORMED;
 		} else {
-			run = 1; /* read: r = a */
-			amask = -1;
+			run = PASS_READ; /* packet = slot */
 			verdict = V_SHADOW;
 		}
 	} else if (s->nvals != n || s->fan_in != fan) {
@@ -352,27 +381,32 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		s->counter++;
 		s->flags |= pkt_flags;
 		s->ts_ns = now;
-		run = 1; /* add: r = a + b */
-		amask = bmask = -1;
+		run = PASS_ADD; /* slot = packet = slot + packet, saturating */
 		verdict = V_AGGREGATED;
 	}
 
-	if (run) {
-		/* One fixed-trip loop with a branch-free body: the verifier walks it once per entry
-		 * path, and a switch pipeline would do the same work for every packet. Writes the
-		 * slot (unchanged for a read) and the scratch (the packet's outgoing values). */
+	if (run != PASS_NONE) {
+		/* Chunks of XAGG_CHUNK lanes, each a fixed-trip loop with a branch-free body (a switch
+		 * pipeline stage does the same fixed work per pass). Only the outer loop exits early,
+		 * once per chunk, which keeps the verifier's path count at MAX/CHUNK instead of one per
+		 * value. One loop per pass kind keeps each body minimal: this is the hot path. */
 		__u32 ovf = 0;
-		for (__u32 i = 0; i < XAGG_MAX_VALUES; i++) {
-			__s32 a = s->vals[i] & amask, b = sc->vals[i] & bmask;
-			__s32 r = (__s32)((__u32)a + (__u32)b);
-			/* Signed overflow iff a and b share a sign that r lacks; saturate toward it. */
-			__u32 o = ((__u32)((a ^ r) & (b ^ r))) >> 31;
-			__s32 sat = (a >> 31) ^ 0x7fffffff; /* INT32_MAX, or INT32_MIN for negative a */
-			__s32 mask = -(__s32)o;
-			r = (r & ~mask) | (sat & mask);
-			s->vals[i] = r;
-			sc->vals[i] = r;
-			ovf |= o;
+		if (run == PASS_COPY) {
+			for (__u32 c = 0; c < XAGG_MAX_VALUES / XAGG_CHUNK; c++) {
+				if (c * XAGG_CHUNK >= n)
+					break;
+				for (__u32 j = 0; j < XAGG_CHUNK; j++)
+					s->vals[c * XAGG_CHUNK + j] = sc->vals[c * XAGG_CHUNK + j];
+			}
+		} else if (run == PASS_READ) {
+			for (__u32 c = 0; c < XAGG_MAX_VALUES / XAGG_CHUNK; c++) {
+				if (c * XAGG_CHUNK >= n)
+					break;
+				for (__u32 j = 0; j < XAGG_CHUNK; j++)
+					sc->vals[c * XAGG_CHUNK + j] = s->vals[c * XAGG_CHUNK + j];
+			}
+		} else {
+			ovf = add_saturating(s->vals, sc->vals, n);
 		}
 		if (ovf)
 			s->flags |= F_OVERFLOW;

@@ -19,11 +19,20 @@
 /* Default UDP port of aggregation traffic (data, results, control). Runtime-configurable. */
 #define XAGG_DEFAULT_PORT 9510
 
-/* Values per packet. 1500 MTU - 20 (IPv4) - 8 (UDP) - 32 (xdpagg header) = 1440 bytes = 360
- * 32-bit values. Override for jumbo frames (the switch's linear-buffer limit on veth is ~3500 B). */
+/* Most values one packet may carry. A 1500-byte MTU holds 360: 1500 - 20 (IPv4) - 8 (UDP) - 32
+ * (header) = 1440 bytes. Hosts use as many as their MTU allows, (MTU - 60) / 4, up to this
+ * maximum: 832 values fill an MTU of 3388, the largest frame a linear (non-frags) XDP buffer takes
+ * on veth (~3500 bytes); a multi-buffer frame cannot be cloned for the broadcast. */
 #ifndef XAGG_MAX_VALUES
-#define XAGG_MAX_VALUES 360
+#define XAGG_MAX_VALUES 832
 #endif
+/* Values the switch's adder handles per inner pass (see the value loop); divides XAGG_MAX_VALUES. */
+#ifndef XAGG_CHUNK
+#define XAGG_CHUNK 32
+#endif
+_Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0, "XAGG_CHUNK must divide XAGG_MAX_VALUES");
+/* Values per packet at the standard 1500-byte MTU. */
+#define XAGG_STD_VALUES 360
 
 /* Workers per job at one aggregation level: one bit each in bitmap0. */
 #define XAGG_MAX_WORKERS 32
@@ -33,6 +42,7 @@ enum limit {
 	LIMIT_VERSION = XAGG_VERSION,
 	LIMIT_DEFAULT_PORT = XAGG_DEFAULT_PORT,
 	LIMIT_MAX_VALUES = XAGG_MAX_VALUES,
+	LIMIT_STD_VALUES = XAGG_STD_VALUES,
 	LIMIT_MAX_WORKERS = XAGG_MAX_WORKERS,
 	LIMIT_HDR_SIZE = 32, /* sizeof(struct hdr); checked by a static assertion below */
 };

@@ -100,7 +100,8 @@ type XdpaggLimit uint32
 const (
 	XdpaggLimitLIMIT_VERSION      XdpaggLimit = 1
 	XdpaggLimitLIMIT_DEFAULT_PORT XdpaggLimit = 9510
-	XdpaggLimitLIMIT_MAX_VALUES   XdpaggLimit = 360
+	XdpaggLimitLIMIT_MAX_VALUES   XdpaggLimit = 832
+	XdpaggLimitLIMIT_STD_VALUES   XdpaggLimit = 360
 	XdpaggLimitLIMIT_MAX_WORKERS  XdpaggLimit = 32
 	XdpaggLimitLIMIT_HDR_SIZE     XdpaggLimit = 32
 )
@@ -137,7 +138,7 @@ const (
 
 type XdpaggScratch struct {
 	_    structs.HostLayout
-	Vals [360]int32
+	Vals [832]int32
 }
 
 type XdpaggSlot struct {
@@ -156,7 +157,7 @@ type XdpaggSlot struct {
 	ScaleLog2 uint8
 	Flags     uint16
 	TsNs      uint64
-	Vals      [360]int32
+	Vals      [832]int32
 }
 
 type XdpaggSlotState uint32

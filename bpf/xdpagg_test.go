@@ -152,9 +152,9 @@ func TestSwitchMalformed(t *testing.T) {
 		{"reserved 1", hdr(func(h *bpf.XdpaggHdr) { h.Reserved = 1 })},
 		{"reserved 0x80", hdr(func(h *bpf.XdpaggHdr) { h.Reserved = 0x80 })},
 		{"count 0", base.with(func(f *frame) { f.Vals = nil; f.Hdr.Count = 0 })},
-		{"count 361", base.with(func(f *frame) {
-			f.Vals = mkVals(361, func(i int) int32 { return 1 })
-			f.Hdr.Count = 361
+		{"count MaxValues+1", base.with(func(f *frame) {
+			f.Vals = mkVals(bpf.MaxValues+1, func(i int) int32 { return 1 })
+			f.Hdr.Count = uint16(bpf.MaxValues + 1)
 		})},
 		{"count larger than the values", hdr(func(h *bpf.XdpaggHdr) { h.Count = 5 })},
 		{"count smaller than the values", hdr(func(h *bpf.XdpaggHdr) { h.Count = 3 })},
@@ -334,7 +334,7 @@ func TestSwitchScenarios(t *testing.T) {
 	c1prev := dataFrame(1, 4, 2, 1, 2, 41, 42)
 
 	// 7, 11: same job retakes its completed slot; partial last fragment.
-	full := dataFrame(1, 1, 0, 0, 1, mkVals(360, func(i int) int32 { return int32(i + 1) })...)
+	full := dataFrame(1, 1, 0, 0, 1, mkVals(bpf.MaxValues, func(i int) int32 { return int32(i + 1) })...)
 	part0 := dataFrame(1, 2, 0, 0, 2, mkVals(7, func(i int) int32 { return int32(-100 * i) })...)
 	part1 := dataFrame(1, 2, 0, 1, 2, mkVals(7, func(i int) int32 { return int32(1000 + i) })...)
 
@@ -440,8 +440,8 @@ func TestSwitchScenarios(t *testing.T) {
 				delta: cnt{rx: 1, coll: 1, tops: 1}, idx: 2, slot: complete(1, 5, 3, 2, 2, 2, 0), vals: []int32{12, 13}},
 		}},
 		{name: "same job later seq retakes its completed slot; partial last fragment", steps: []step{
-			{name: "job 1 seq 1, 360 values, fan-in 1", in: full, verdict: xdpRedirect, want: ptr(asResult(full, 1, fFromSwitch, full.Vals)),
-				delta: cnt{rx: 1, agg: 1, done: 1}, idx: 0, slot: complete(1, 1, 1, 1, 1, 360, 0), vals: full.Vals},
+			{name: "job 1 seq 1, MaxValues values, fan-in 1", in: full, verdict: xdpRedirect, want: ptr(asResult(full, 1, fFromSwitch, full.Vals)),
+				delta: cnt{rx: 1, agg: 1, done: 1}, idx: 0, slot: complete(1, 1, 1, 1, 1, bpf.MaxValues, 0), vals: full.Vals},
 			{name: "job 1 seq 2, 7 values, reserves afresh", in: part0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
 				idx: 0, slot: aggregating(1, 2, 1, 1, 2, 7, 0), vals: part0.Vals},
 			{name: "job 1 seq 2 worker 1 completes, same length out", in: part1, verdict: xdpRedirect,

@@ -1,6 +1,7 @@
 // Package hostlib is the host side of xdpagg: the Worker that all-reduces float32 tensors through
-// the XDP switch, the parameter server (PS) that sums whatever the switch cannot, and the wire and
-// fixed-point codecs both share with the switch.
+// the XDP switch, the parameter server (PS) that sums whatever the switch cannot (or, Direct,
+// everything, with no switch), the wire and fixed-point codecs both share with the switch, and
+// Ring, a switchless ring all-reduce over the same wire header.
 //
 // The wire format is defined once, in bpf/xdpagg.h; this package uses the Go types bpf2go
 // generates from it (bpf.XdpaggHdr and the enums) and never redefines a field.
@@ -15,9 +16,10 @@ import "errors"
 var (
 	// ErrConfig: a configuration cannot work; the message says which field to change.
 	ErrConfig = errors.New("invalid configuration")
-	// ErrTimeout: a fragment got no result after the configured retries.
+	// ErrTimeout: a fragment got no result (a ring packet no acknowledgement) after the
+	// configured retries.
 	ErrTimeout = errors.New("timed out")
-	// ErrClosed: the Worker or PS was closed.
+	// ErrClosed: the Worker, PS or Ring was closed.
 	ErrClosed = errors.New("closed")
 	// ErrMalformed: a packet does not follow the wire contract of bpf/xdpagg.h.
 	ErrMalformed = errors.New("malformed xdpagg packet")

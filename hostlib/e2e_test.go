@@ -16,7 +16,7 @@ import (
 	"github.com/xdpagg/xdpagg/bpf"
 )
 
-const K = bpf.MaxValues
+const K = bpf.StdValues // the workers' default ValuesPerPacket
 
 var loopback = netip.MustParseAddr("127.0.0.1")
 

@@ -1,6 +1,7 @@
 package hostlib
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -43,16 +44,39 @@ type batchConn struct {
 
 // rslot is the receive buffer per datagram: bigger than any valid packet, so an oversized one
 // shows up as such instead of being silently cut to a plausible length (MSG_TRUNC catches the rest).
-const rslot = 2048
+const rslot = 4096
 
 // listenBatch binds a UDP/IPv4 socket to laddr in the calling thread's network namespace, sizes
 // its kernel buffers to sockBuf bytes (0: leave them), and prepares rbatch receive and sbatch send
 // slots.
 func listenBatch(laddr netip.AddrPort, sockBuf, rbatch, sbatch int) (*batchConn, error) {
-	conn, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(laddr))
+	return listenBatchOpt(laddr, sockBuf, rbatch, sbatch, false)
+}
+
+// listenBatchOpt is listenBatch, with SO_REUSEPORT set before binding if reusePort: then several
+// sockets share laddr and the kernel spreads incoming flows over them (by a hash of the source
+// and destination addresses), so each can have its own receive goroutine.
+func listenBatchOpt(laddr netip.AddrPort, sockBuf, rbatch, sbatch int, reusePort bool) (*batchConn, error) {
+	var lc net.ListenConfig
+	if reusePort {
+		lc.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}); err != nil {
+				return err
+			}
+			if serr != nil {
+				return fmt.Errorf("set SO_REUSEPORT: %w", serr)
+			}
+			return nil
+		}
+	}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", laddr.String())
 	if err != nil {
 		return nil, fmt.Errorf("bind %v: %w", laddr, err)
 	}
+	conn := pc.(*net.UDPConn)
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		conn.Close()

@@ -3,10 +3,12 @@ package hostlib
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,30 +18,44 @@ import (
 	"github.com/xdpagg/xdpagg/bpf"
 )
 
-// PS defaults.
+// PS defaults and limits.
 const (
 	DefaultResultTTL  = 5 * time.Second
 	DefaultStaleAfter = 30 * time.Second
 	DefaultMaxEntries = 16384
+	// MaxShards bounds PSConfig.Shards: one socket, receive goroutine and ~100 KB of batch
+	// buffers each.
+	MaxShards = 1024
 )
 
 // PSConfig configures a parameter server. Zero fields take their defaults (WithDefaults).
 type PSConfig struct {
 	Listen netip.AddrPort // PS address; its port is the agg port (port 0: bpf.DefaultPort)
 	// Switch is where results go: the switch's IP on the PS's subnet and the agg port (port 0:
-	// Listen's port). The switch broadcasts them to the job's workers.
+	// Listen's port). The switch broadcasts them to the job's workers. Unused with Direct.
 	Switch netip.AddrPort
+	// Direct sends every completed sum straight back to each of its contributors (unicast, one
+	// sendmmsg batch) instead of to Switch: the PS alone, with no switch help (the "ps"
+	// baseline). The PS learns each contributor's address from the source address of its
+	// contributions, per job and bitmap bit, so workers need no configuration beyond PS. Data
+	// must then reach the PS on a port the switch does not intercept.
+	Direct bool
+	// Shards is how many sockets share Listen (SO_REUSEPORT), each with its own receive
+	// goroutine, so the PS uses that many cores (default runtime.NumCPU()). The kernel spreads
+	// workers over the sockets by flow; aggregation state is split into independently locked
+	// tables by (job, seq), so the goroutines rarely wait for one another.
+	Shards int
 	// ResultTTL is how long a completed result is kept to answer retransmissions (default 5s).
 	ResultTTL time.Duration
 	// StaleAfter drops an incomplete aggregation untouched this long (default 30s): its workers
 	// gave up or finished through the switch.
 	StaleAfter time.Duration
-	// SocketBuffer sizes SO_RCVBUF/SO_SNDBUF in bytes (default 8 MiB).
+	// SocketBuffer sizes SO_RCVBUF/SO_SNDBUF in bytes (default 8 MiB), per shard.
 	SocketBuffer int
 	// MaxEntries bounds the aggregations and results held at once (default 16384; about 1.5 KB
-	// per result, 3-16 KB per aggregation in progress). When full, the oldest results go first;
-	// if every entry is still aggregating, new fragments are dropped (PSStats.Dropped) and
-	// their workers retransmit.
+	// per result, 3-16 KB per aggregation in progress). When full, an old result goes first (the
+	// oldest of its table: tables are not globally ordered); if every entry is still
+	// aggregating, new fragments are dropped (PSStats.Dropped) and their workers retransmit.
 	MaxEntries int
 }
 
@@ -55,6 +71,9 @@ func (c PSConfig) WithDefaults() PSConfig {
 		sport = port
 	}
 	c.Switch = netip.AddrPortFrom(c.Switch.Addr().Unmap(), sport)
+	if c.Shards == 0 {
+		c.Shards = runtime.NumCPU()
+	}
 	if c.ResultTTL == 0 {
 		c.ResultTTL = DefaultResultTTL
 	}
@@ -76,8 +95,10 @@ func (c PSConfig) Validate() error {
 	switch {
 	case !c.Listen.Addr().Is4():
 		return fmt.Errorf("%w: Listen %v: use an IPv4 address (xdpagg is UDP/IPv4)", ErrConfig, c.Listen)
-	case !c.Switch.Addr().Is4() || c.Switch.Addr().IsUnspecified():
-		return fmt.Errorf("%w: Switch %v: use the switch's IPv4 address on the PS's subnet", ErrConfig, c.Switch)
+	case !c.Direct && (!c.Switch.Addr().Is4() || c.Switch.Addr().IsUnspecified()):
+		return fmt.Errorf("%w: Switch %v: use the switch's IPv4 address on the PS's subnet (or set Direct to answer workers without a switch)", ErrConfig, c.Switch)
+	case c.Shards < 1 || c.Shards > MaxShards:
+		return fmt.Errorf("%w: Shards %d: use 1..%d (about one per core)", ErrConfig, c.Shards, MaxShards)
 	case c.ResultTTL < time.Millisecond:
 		return fmt.Errorf("%w: ResultTTL %v: use at least 1ms (longer than the workers' retransmit timeout)", ErrConfig, c.ResultTTL)
 	case c.StaleAfter < time.Millisecond:
@@ -96,42 +117,76 @@ type PSStats struct {
 	Received      uint64 // datagrams received
 	Aggregated    uint64 // data packets summed into an aggregation
 	Duplicates    uint64 // data packets whose contributors were already summed
-	Completed     uint64 // sums completed and sent to the switch
+	Completed     uint64 // sums completed and sent to the switch (Direct: to their contributors)
 	ResultsResent uint64 // of Duplicates: completed results re-sent to the packet's sender
 	Malformed     uint64 // not a valid DATA packet, or disagreeing with its aggregation (count, fan-in, scale)
 	Overflows     uint64 // of Completed: fixed-point sums sent with F_OVERFLOW for float repair
 	Stale         uint64 // incomplete aggregations dropped after StaleAfter
 	Dropped       uint64 // data packets dropped because MaxEntries aggregations were in progress
+	// Unaddressed counts, in Direct mode, results not sent to a contributor whose address is
+	// unknown (it only ever contributed inside a multi-bit partial sum); it gets the result when
+	// it retransmits.
+	Unaddressed uint64
 }
 
 type psCounters struct {
-	received, aggregated, duplicates, completed, resent, malformed, overflows, stale, dropped atomic.Uint64
+	received, aggregated, duplicates, completed, resent, malformed, overflows, stale, dropped, unaddressed atomic.Uint64
 }
 
 // PS is the parameter server: it sums the fragments the switch could not (collisions, float32
-// repairs, resends without a slot) and answers retransmissions of what it completed.
+// repairs, resends without a slot) and answers retransmissions of what it completed. In Direct
+// mode it sums everything itself and answers the workers directly.
+//
+// Concurrency: Shards sockets bound to one address, each drained by its own goroutine (psSock).
+// The contributions of one fragment may arrive on different sockets, so the aggregation state
+// lives in tables (psTable) picked by a hash of (job, seq), each behind its own mutex: two
+// goroutines contend only when they touch the same table at the same moment. A goroutine copies
+// the results it must send out of the table into its own buffers, so no entry is pinned by a
+// send queued on another goroutine and tables can recycle entries freely.
 type PS struct {
 	cfg      PSConfig
-	bc       *batchConn
+	socks    []*psSock
+	tables   []psTable // len is a power of two
 	switchSa unix.RawSockaddrInet4
 	epoch    time.Time
-	st       psCounters
+	nentries atomic.Int64 // entries over all tables, for MaxEntries
 
 	serving   atomic.Bool
-	stop      atomic.Bool
+	stop      atomic.Bool // ctx of Serve is done
+	halt      atomic.Bool // one receive goroutine failed: the others stop too
 	closeOnce sync.Once
 	closed    atomic.Bool
+}
 
-	// Owned by Serve's goroutine.
+// psSock is one shard's socket and what its receive goroutine owns.
+type psSock struct {
+	bc   *batchConn
+	st   psCounters
+	nout int
+	// out holds the packets queued in the current send batch: completed results and re-sent
+	// ones (F_SHADOW), at most one per datagram received.
+	out [recvBatch][MaxPacket]byte
+}
+
+// psTable is one lock's share of the aggregation state.
+type psTable struct {
+	mu       sync.Mutex
 	entries  map[psKey]*psEntry
-	done     []*psEntry // completed entries, oldest first, from doneHead on: they expire in this order
+	jobs     map[uint32]*psJob // Direct: where each job's contributors are
+	done     []*psEntry        // completed entries, oldest first, from doneHead on: they expire in this order
 	doneHead int
 	freeE    []*psEntry
 	freeFix  []*fixedAcc
 	freeFlt  []*floatAcc
-	shadow   [recvBatch][bpf.HdrSize]byte // per-message headers of re-sent results (F_SHADOW)
-	nshadow  int
-	batch    uint64 // number of the send batch being queued
+	_        [64]byte // keep neighbouring tables' locks off one cache line
+}
+
+// psJob records, in Direct mode, the address each contributor (bitmap bit) of a job sends from,
+// learnt from its single-contributor packets: results go back there.
+type psJob struct {
+	known uint32 // bits whose address is known
+	used  int64  // ns since epoch of the last contribution
+	addrs [bpf.MaxWorkers]unix.RawSockaddrInet4
 }
 
 // Aggregations are keyed by (job, seq, encoding): a fragment's fixed-point sum and its float32
@@ -150,7 +205,7 @@ type psEntry struct {
 	flags    uint16 // F_ECN | F_OVERFLOW | F_COLLISION seen in contributions
 	complete bool
 	touched  int64  // ns since epoch: last contribution, or completion
-	queuedIn uint64 // send batch (PS.batch) that last queued this entry's result
+	job      *psJob // Direct only
 	fix      *fixedAcc
 	flt      *floatAcc
 	plen     int
@@ -164,54 +219,91 @@ type floatAcc struct {
 	sp  [bpf.MaxValues]uint8
 }
 
-// NewPS validates cfg and binds the PS's socket now, in the calling thread's network namespace.
+// NewPS validates cfg and binds the PS's sockets now, in the calling thread's network namespace.
 // Serve processes packets.
 func NewPS(cfg PSConfig) (*PS, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	bc, err := listenBatch(cfg.Listen, cfg.SocketBuffer, recvBatch, recvBatch)
-	if err != nil {
-		return nil, fmt.Errorf("parameter server: %w", err)
+	// A result goes to one address, or in Direct mode to each of up to 32 contributors.
+	sbatch := recvBatch
+	if cfg.Direct {
+		sbatch = recvBatch * bpf.MaxWorkers
 	}
-	return &PS{
-		cfg:      cfg,
-		bc:       bc,
-		switchSa: sockaddr4(cfg.Switch),
-		epoch:    time.Now(),
-		entries:  make(map[psKey]*psEntry),
-	}, nil
+	p := &PS{cfg: cfg, epoch: time.Now()}
+	if !cfg.Direct {
+		p.switchSa = sockaddr4(cfg.Switch)
+	}
+	for i := 0; i < cfg.Shards; i++ {
+		bc, err := listenBatchOpt(cfg.Listen, cfg.SocketBuffer, recvBatch, sbatch, cfg.Shards > 1)
+		if err != nil {
+			for _, s := range p.socks {
+				s.bc.close()
+			}
+			return nil, fmt.Errorf("parameter server, socket %d of %d: %w", i+1, cfg.Shards, err)
+		}
+		p.socks = append(p.socks, &psSock{bc: bc})
+	}
+	// Several tables per goroutine, so two goroutines rarely want the same one at once.
+	ntab := 16
+	for ntab < 4*cfg.Shards {
+		ntab *= 2
+	}
+	p.tables = make([]psTable, ntab)
+	for i := range p.tables {
+		p.tables[i].entries = make(map[psKey]*psEntry)
+		p.tables[i].jobs = make(map[uint32]*psJob)
+	}
+	return p, nil
 }
 
 // LocalAddr is the address the PS is bound to.
-func (p *PS) LocalAddr() netip.AddrPort { return p.bc.localAddr() }
+func (p *PS) LocalAddr() netip.AddrPort { return p.socks[0].bc.localAddr() }
 
 // Config returns the PS's configuration with defaults applied.
 func (p *PS) Config() PSConfig { return p.cfg }
 
 // Stats returns the PS's cumulative counters.
 func (p *PS) Stats() PSStats {
-	s := &p.st
-	return PSStats{
-		Received: s.received.Load(), Aggregated: s.aggregated.Load(), Duplicates: s.duplicates.Load(),
-		Completed: s.completed.Load(), ResultsResent: s.resent.Load(), Malformed: s.malformed.Load(),
-		Overflows: s.overflows.Load(), Stale: s.stale.Load(), Dropped: s.dropped.Load(),
+	var t PSStats
+	for _, sk := range p.socks {
+		s := &sk.st
+		t.Received += s.received.Load()
+		t.Aggregated += s.aggregated.Load()
+		t.Duplicates += s.duplicates.Load()
+		t.Completed += s.completed.Load()
+		t.ResultsResent += s.resent.Load()
+		t.Malformed += s.malformed.Load()
+		t.Overflows += s.overflows.Load()
+		t.Stale += s.stale.Load()
+		t.Dropped += s.dropped.Load()
+		t.Unaddressed += s.unaddressed.Load()
 	}
+	return t
 }
 
-// Close closes the socket; a running Serve returns ErrClosed. Closing twice returns ErrClosed.
+// Close closes the sockets; a running Serve returns ErrClosed. Closing twice returns ErrClosed.
 func (p *PS) Close() error {
 	err := ErrClosed
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
-		err = p.bc.close()
+		err = nil
+		for _, s := range p.socks {
+			if e := s.bc.close(); e != nil && err == nil {
+				err = e
+			}
+		}
 	})
 	return err
 }
 
+// errHalted: a receive goroutine stopped because another one failed first.
+var errHalted = errors.New("halted")
+
 // Serve receives and sums data packets until ctx is done (it returns ctx's error, wrapped) or
-// the PS is closed (ErrClosed). Only one Serve may run at a time (ErrBusy).
+// the PS is closed (ErrClosed). It runs one receive goroutine per shard. Only one Serve may run
+// at a time (ErrBusy).
 func (p *PS) Serve(ctx context.Context) error {
 	if !p.serving.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: the parameter server is already serving", ErrBusy)
@@ -221,25 +313,56 @@ func (p *PS) Serve(ctx context.Context) error {
 		return fmt.Errorf("serve: %w", ErrClosed)
 	}
 	p.stop.Store(false)
-	// Cancellation interrupts the blocked receive through its deadline, and the stop flag tells
-	// that apart from the eviction tick (the loop re-arms the deadline, then checks the flag).
+	p.halt.Store(false)
+	// Cancellation interrupts the blocked receives through their deadlines, and the stop flag
+	// tells that apart from the eviction tick (each loop re-arms its deadline, then checks the
+	// flag).
 	stopWatch := context.AfterFunc(ctx, func() {
 		p.stop.Store(true)
-		_ = p.bc.conn.SetReadDeadline(time.Unix(1, 0))
+		p.poke()
 	})
 	defer stopWatch()
 
+	errs := make(chan error, len(p.socks))
+	for g := range p.socks {
+		go func() { errs <- p.serveSock(ctx, g) }()
+	}
+	// The first goroutine to return says why Serve ends; the others are then told to stop.
+	first := <-errs
+	p.halt.Store(true)
+	p.poke()
+	for range len(p.socks) - 1 {
+		if err := <-errs; errors.Is(first, errHalted) {
+			first = err
+		}
+	}
+	return first
+}
+
+// poke wakes every receive goroutine by passing its read deadline.
+func (p *PS) poke() {
+	for _, s := range p.socks {
+		_ = s.bc.conn.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// serveSock is receive goroutine g: it drains socket g and evicts tables g, g+Shards, ...
+func (p *PS) serveSock(ctx context.Context, g int) error {
+	s := p.socks[g]
 	tick := min(p.cfg.ResultTTL, p.cfg.StaleAfter) / 4
 	tick = min(max(tick, time.Millisecond), time.Second)
 	nextTick := time.Now().Add(tick)
-	if err := p.bc.conn.SetReadDeadline(nextTick); err != nil {
+	if err := s.bc.conn.SetReadDeadline(nextTick); err != nil {
 		return p.serveErr(ctx, err)
 	}
 	for {
 		if p.stop.Load() {
 			return fmt.Errorf("serve: %w", ctx.Err())
 		}
-		n, err := p.bc.recv()
+		if p.halt.Load() {
+			return errHalted
+		}
+		n, err := s.bc.recv()
 		if err != nil && !isTimeout(err) {
 			if transientRecv(err) {
 				continue
@@ -249,15 +372,17 @@ func (p *PS) Serve(ctx context.Context) error {
 		now := time.Now()
 		nowNs := int64(now.Sub(p.epoch))
 		for i := 0; i < n; i++ {
-			p.handle(i, nowNs)
+			p.handle(s, i, nowNs)
 		}
-		if err := p.flush(); err != nil {
+		if err := s.flush(); err != nil {
 			return p.serveErr(ctx, err)
 		}
 		if !now.Before(nextTick) {
-			p.evict(nowNs)
+			for t := g; t < len(p.tables); t += len(p.socks) {
+				p.evict(&p.tables[t], s, nowNs)
+			}
 			nextTick = now.Add(tick)
-			if err := p.bc.conn.SetReadDeadline(nextTick); err != nil {
+			if err := s.bc.conn.SetReadDeadline(nextTick); err != nil {
 				return p.serveErr(ctx, err)
 			}
 		}
@@ -275,54 +400,74 @@ func (p *PS) serveErr(ctx context.Context, err error) error {
 }
 
 // flush sends the results queued by handle.
-func (p *PS) flush() error {
-	p.nshadow = 0
-	p.batch++
-	if p.bc.sq == 0 {
+func (s *psSock) flush() error {
+	s.nout = 0
+	if s.bc.sq == 0 {
 		return nil
 	}
 	// A result the kernel refuses is like one lost on the wire: the workers retransmit and get
 	// it from the stored copy.
-	_, _, err := p.bc.flush()
+	_, _, err := s.bc.flush()
 	return err
 }
 
-// handle processes datagram i of the last receive batch.
-func (p *PS) handle(i int, now int64) {
-	p.st.received.Add(1)
-	b, err := p.bc.rpkt(i)
+// table returns the table of a (job, seq): consecutive fragments land in different tables, so
+// a window of them in flight spreads over all the locks.
+func (p *PS) table(k psKey) *psTable {
+	h := (k.seq ^ k.job*0x9e3779b9) * 0x85ebca6b
+	return &p.tables[(h>>16)&uint32(len(p.tables)-1)]
+}
+
+// handle processes datagram i of s's last receive batch.
+func (p *PS) handle(s *psSock, i int, now int64) {
+	st := &s.st
+	st.received.Add(1)
+	b, err := s.bc.rpkt(i)
 	if err != nil {
-		p.st.malformed.Add(1)
+		st.malformed.Add(1)
 		return
 	}
 	h, vals, err := ParsePacket(b)
 	if err != nil || h.Type != msgData || (h.Encoding != encFixed32 && h.Encoding != encFloat32) {
-		p.st.malformed.Add(1)
+		st.malformed.Add(1)
 		return
 	}
 	bm, fan := levelBits(&h)
 	level1 := h.Flags&fLevel1 != 0
 	key := psKey{job: h.JobId, seq: h.Seq, enc: h.Encoding}
-	e := p.entries[key]
+	t := p.table(key)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[key]
 	if e == nil {
-		if len(p.entries) >= p.cfg.MaxEntries && !p.makeRoom() {
-			p.st.dropped.Add(1)
+		if !p.admit(t) {
+			st.dropped.Add(1)
 			return
 		}
-		e = p.newEntry(key, &h, now)
+		e = p.newEntry(t, key, &h, now)
 	} else if e.tmpl.Count != h.Count || e.fanIn != fan || e.level1 != level1 ||
 		(h.Encoding == encFixed32 && e.tmpl.ScaleLog2 != h.ScaleLog2) {
-		p.st.malformed.Add(1) // cannot be summed with what is there
+		st.malformed.Add(1) // cannot be summed with what is there
 		return
+	}
+	if e.job != nil && bits.OnesCount32(bm) == 1 {
+		// Learn (or update: a restarted worker has a new port) where this contributor is.
+		src := s.bc.rfrom(i)
+		j, bit := e.job, bits.TrailingZeros32(bm)
+		if j.known&bm == 0 || j.addrs[bit] != *src {
+			j.addrs[bit] = *src
+			j.known |= bm
+		}
+		j.used = now
 	}
 
 	if e.bitmap&bm != 0 {
 		// Already summed (a retransmission, or a partial sum overlapping one we have): it adds
 		// nothing. If the sum is complete the sender evidently missed it: answer it alone,
 		// straight to its address, like the switch's shadow copy.
-		p.st.duplicates.Add(1)
+		st.duplicates.Add(1)
 		if e.complete {
-			p.resend(e, p.bc.rfrom(i))
+			p.resend(s, e, s.bc.rfrom(i))
 		}
 		return
 	}
@@ -340,48 +485,92 @@ func (p *PS) handle(i int, now int64) {
 	e.bitmap |= bm
 	e.flags |= h.Flags & (fECN | fOverflow | fCollision)
 	e.touched = now
-	p.st.aggregated.Add(1)
+	st.aggregated.Add(1)
 	if bits.OnesCount32(e.bitmap) == int(fan) {
-		p.complete(e, now)
+		p.complete(s, t, e, now)
 	}
 }
 
-func (p *PS) newEntry(key psKey, h *bpf.XdpaggHdr, now int64) *psEntry {
+// admit makes room for one more entry in t (whose lock is held), within MaxEntries.
+func (p *PS) admit(t *psTable) bool {
+	if p.nentries.Add(1) <= int64(p.cfg.MaxEntries) || p.makeRoom(t) {
+		return true
+	}
+	p.nentries.Add(-1)
+	return false
+}
+
+// makeRoom frees a completed result to admit a new aggregation: the oldest of t if it has one,
+// else the oldest of another table that is free at the moment. TryLock, because the caller holds
+// t's lock: waiting for a second lock could deadlock with a goroutine doing the same the other
+// way round.
+func (p *PS) makeRoom(t *psTable) bool {
+	if t.doneHead < len(t.done) {
+		p.release(t, t.popDone())
+		return true
+	}
+	for i := range p.tables {
+		o := &p.tables[i]
+		if o == t || !o.mu.TryLock() {
+			continue
+		}
+		ok := o.doneHead < len(o.done)
+		if ok {
+			p.release(o, o.popDone())
+		}
+		o.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *PS) newEntry(t *psTable, key psKey, h *bpf.XdpaggHdr, now int64) *psEntry {
 	var e *psEntry
-	if k := len(p.freeE); k > 0 {
-		e = p.freeE[k-1]
-		p.freeE = p.freeE[:k-1]
+	if k := len(t.freeE); k > 0 {
+		e = t.freeE[k-1]
+		t.freeE = t.freeE[:k-1]
 	} else {
 		e = new(psEntry)
 	}
 	_, fan := levelBits(h)
 	e.key, e.tmpl, e.bitmap, e.fanIn, e.level1 = key, *h, 0, fan, h.Flags&fLevel1 != 0
-	e.flags, e.complete, e.touched, e.plen = 0, false, now, 0
+	e.flags, e.complete, e.touched, e.plen, e.job = 0, false, now, 0, nil
+	if p.cfg.Direct {
+		j := t.jobs[key.job]
+		if j == nil {
+			j = new(psJob)
+			t.jobs[key.job] = j
+		}
+		j.used = now
+		e.job = j
+	}
 	if key.enc == encFixed32 {
-		if k := len(p.freeFix); k > 0 {
-			e.fix = p.freeFix[k-1]
-			p.freeFix = p.freeFix[:k-1]
+		if k := len(t.freeFix); k > 0 {
+			e.fix = t.freeFix[k-1]
+			t.freeFix = t.freeFix[:k-1]
 		} else {
 			e.fix = new(fixedAcc)
 		}
 		clear(e.fix[:h.Count])
 	} else {
-		if k := len(p.freeFlt); k > 0 {
-			e.flt = p.freeFlt[k-1]
-			p.freeFlt = p.freeFlt[:k-1]
+		if k := len(t.freeFlt); k > 0 {
+			e.flt = t.freeFlt[k-1]
+			t.freeFlt = t.freeFlt[:k-1]
 		} else {
 			e.flt = new(floatAcc)
 		}
 		clear(e.flt.sum[:h.Count])
 		clear(e.flt.sp[:h.Count])
 	}
-	p.entries[key] = e
+	t.entries[key] = e
 	return e
 }
 
-// complete turns e's sum into its result packet, frees the accumulator and sends the result to
-// the switch for broadcast.
-func (p *PS) complete(e *psEntry, now int64) {
+// complete turns e's sum into its result packet, frees the accumulator and queues the result to
+// the switch for broadcast, or in Direct mode to every contributor.
+func (p *PS) complete(s *psSock, t *psTable, e *psEntry, now int64) {
 	n := int(e.tmpl.Count)
 	out := e.pkt[bpf.HdrSize : bpf.HdrSize+4*n]
 	flags := e.flags & (fECN | fCollision)
@@ -393,25 +582,25 @@ func (p *PS) complete(e *psEntry, now int64) {
 		// int32 cannot be sent. Either way: saturate and flag, and the workers repair in float32.
 		overflow := e.flags&fOverflow != 0
 		for j := 0; j < n; j++ {
-			s := e.fix[j]
-			if s > math.MaxInt32 {
-				s, overflow = math.MaxInt32, true
-			} else if s < math.MinInt32 {
-				s, overflow = math.MinInt32, true
+			v := e.fix[j]
+			if v > math.MaxInt32 {
+				v, overflow = math.MaxInt32, true
+			} else if v < math.MinInt32 {
+				v, overflow = math.MinInt32, true
 			}
-			binary.LittleEndian.PutUint32(out[4*j:], uint32(int32(s)))
+			binary.LittleEndian.PutUint32(out[4*j:], uint32(int32(v)))
 		}
 		if overflow {
 			flags |= fOverflow
-			p.st.overflows.Add(1)
+			s.st.overflows.Add(1)
 		}
-		p.freeFix = append(p.freeFix, e.fix)
+		t.freeFix = append(t.freeFix, e.fix)
 		e.fix = nil
 	} else {
 		for j := 0; j < n; j++ {
 			binary.LittleEndian.PutUint32(out[4*j:], math.Float32bits(e.flt.sum[j].float32(e.flt.sp[j])))
 		}
-		p.freeFlt = append(p.freeFlt, e.flt)
+		t.freeFlt = append(t.freeFlt, e.flt)
 		e.flt = nil
 	}
 	h := e.tmpl
@@ -426,81 +615,93 @@ func (p *PS) complete(e *psEntry, now int64) {
 	e.plen = bpf.HdrSize + 4*n
 	e.complete = true
 	e.touched = now
-	p.done = append(p.done, e)
-	p.st.completed.Add(1)
-	if p.bc.free() > 0 { // always true: one message at most per datagram received
-		p.bc.queue(&p.switchSa, e.pkt[:e.plen], nil)
-		e.queuedIn = p.batch
+	t.done = append(t.done, e)
+	s.st.completed.Add(1)
+
+	if s.nout == len(s.out) { // never: one packet out at most per datagram received
+		return
+	}
+	buf := s.out[s.nout][:e.plen]
+	s.nout++
+	copy(buf, e.pkt[:e.plen])
+	if e.job == nil {
+		s.bc.queue(&p.switchSa, buf, nil)
+		return
+	}
+	for rest := e.bitmap; rest != 0; rest &= rest - 1 {
+		bit := bits.TrailingZeros32(rest)
+		if e.job.known&(1<<bit) == 0 {
+			s.st.unaddressed.Add(1)
+			continue
+		}
+		s.bc.queue(&e.job.addrs[bit], buf, nil)
 	}
 }
 
 // resend queues e's stored result, marked F_SHADOW, to one sender.
-func (p *PS) resend(e *psEntry, to *unix.RawSockaddrInet4) {
-	if p.bc.free() == 0 || p.nshadow == len(p.shadow) {
+func (p *PS) resend(s *psSock, e *psEntry, to *unix.RawSockaddrInet4) {
+	if s.nout == len(s.out) || s.bc.free() == 0 {
 		return
 	}
-	hdr := p.shadow[p.nshadow][:]
-	p.nshadow++
-	copy(hdr, e.pkt[:bpf.HdrSize])
-	binary.LittleEndian.PutUint16(hdr[offFlags:], binary.LittleEndian.Uint16(hdr[offFlags:])|fShadow)
-	p.bc.queue(to, hdr, e.pkt[bpf.HdrSize:e.plen])
-	e.queuedIn = p.batch
-	p.st.resent.Add(1)
+	buf := s.out[s.nout][:e.plen]
+	s.nout++
+	copy(buf, e.pkt[:e.plen])
+	binary.LittleEndian.PutUint16(buf[offFlags:], binary.LittleEndian.Uint16(buf[offFlags:])|fShadow)
+	s.bc.queue(to, buf, nil)
+	s.st.resent.Add(1)
 }
 
-// makeRoom frees the oldest completed result to admit a new aggregation. If a queued send still
-// points into it (it completed or was re-sent in this very batch), the batch goes out first.
-func (p *PS) makeRoom() bool {
-	if p.doneHead == len(p.done) {
-		return false
-	}
-	if p.done[p.doneHead].queuedIn == p.batch {
-		_ = p.flush()
-	}
-	p.release(p.popDone())
-	return true
-}
-
-// evict drops completed results older than ResultTTL and incomplete aggregations untouched for
-// StaleAfter. Called between batches, when no queued send points into an entry.
-func (p *PS) evict(now int64) {
+// evict drops t's completed results older than ResultTTL and incomplete aggregations untouched
+// for StaleAfter, and in Direct mode the addresses of jobs idle for longer than both.
+func (p *PS) evict(t *psTable, s *psSock, now int64) {
 	ttl, stale := int64(p.cfg.ResultTTL), int64(p.cfg.StaleAfter)
-	for p.doneHead < len(p.done) && now-p.done[p.doneHead].touched >= ttl {
-		p.release(p.popDone())
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for t.doneHead < len(t.done) && now-t.done[t.doneHead].touched >= ttl {
+		p.release(t, t.popDone())
 	}
-	for _, e := range p.entries {
+	for _, e := range t.entries {
 		if !e.complete && now-e.touched >= stale {
-			p.st.stale.Add(1)
-			p.release(e)
+			s.st.stale.Add(1)
+			p.release(t, e)
+		}
+	}
+	// An entry of the job that is still held is younger than this (a contribution or its
+	// completion updated used), so it never needs a deleted record.
+	for id, j := range t.jobs {
+		if now-j.used >= max(ttl, stale) {
+			delete(t.jobs, id)
 		}
 	}
 }
 
-func (p *PS) popDone() *psEntry {
-	e := p.done[p.doneHead]
-	p.done[p.doneHead] = nil
-	p.doneHead++
+func (t *psTable) popDone() *psEntry {
+	e := t.done[t.doneHead]
+	t.done[t.doneHead] = nil
+	t.doneHead++
 	// Compact once the consumed prefix dominates: amortised O(1), and the backing array stops
 	// growing at about twice the live results.
-	if p.doneHead > 64 && p.doneHead*2 > len(p.done) {
-		k := copy(p.done, p.done[p.doneHead:])
-		clear(p.done[k:])
-		p.done = p.done[:k]
-		p.doneHead = 0
+	if t.doneHead > 64 && t.doneHead*2 > len(t.done) {
+		k := copy(t.done, t.done[t.doneHead:])
+		clear(t.done[k:])
+		t.done = t.done[:k]
+		t.doneHead = 0
 	}
 	return e
 }
 
-// release removes e from the table and recycles it and its accumulator.
-func (p *PS) release(e *psEntry) {
-	delete(p.entries, e.key)
+// release removes e from t and recycles it and its accumulator.
+func (p *PS) release(t *psTable, e *psEntry) {
+	delete(t.entries, e.key)
+	p.nentries.Add(-1)
 	if e.fix != nil {
-		p.freeFix = append(p.freeFix, e.fix)
+		t.freeFix = append(t.freeFix, e.fix)
 		e.fix = nil
 	}
 	if e.flt != nil {
-		p.freeFlt = append(p.freeFlt, e.flt)
+		t.freeFlt = append(t.freeFlt, e.flt)
 		e.flt = nil
 	}
-	p.freeE = append(p.freeE, e)
+	e.job = nil
+	t.freeE = append(t.freeE, e)
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -236,7 +237,7 @@ func TestPSBoundedMemory(t *testing.T) {
 func TestPSConfig(t *testing.T) {
 	c := PSConfig{Listen: netip.MustParseAddrPort("10.0.0.2:0"), Switch: netip.MustParseAddrPort("10.0.0.1:0")}.WithDefaults()
 	want := PSConfig{Listen: netip.MustParseAddrPort("10.0.0.2:9510"), Switch: netip.MustParseAddrPort("10.0.0.1:9510"),
-		ResultTTL: 5 * time.Second, StaleAfter: 30 * time.Second, SocketBuffer: 8 << 20, MaxEntries: 16384}
+		Shards: runtime.NumCPU(), ResultTTL: 5 * time.Second, StaleAfter: 30 * time.Second, SocketBuffer: 8 << 20, MaxEntries: 16384}
 	if c != want {
 		t.Fatalf("defaults %+v, want %+v", c, want)
 	}
@@ -245,6 +246,7 @@ func TestPSConfig(t *testing.T) {
 		{Listen: want.Listen},
 		{Listen: want.Listen, Switch: want.Switch, ResultTTL: -1},
 		{Listen: want.Listen, Switch: want.Switch, MaxEntries: -1},
+		{Listen: want.Listen, Switch: want.Switch, Shards: -1},
 	} {
 		if _, err := NewPS(bad); !errors.Is(err, ErrConfig) {
 			t.Errorf("NewPS(%+v): %v, want ErrConfig", bad, err)

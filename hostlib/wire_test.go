@@ -14,7 +14,7 @@ func TestHeaderSize(t *testing.T) {
 	if got := binary.Size(bpf.XdpaggHdr{}); got != bpf.HdrSize {
 		t.Fatalf("binary.Size(bpf.XdpaggHdr{}) = %d, want bpf.HdrSize = %d", got, bpf.HdrSize)
 	}
-	if MaxPacket != 32+4*360 {
+	if MaxPacket != 32+4*bpf.MaxValues {
 		t.Fatalf("MaxPacket = %d", MaxPacket)
 	}
 }

@@ -53,6 +53,10 @@ type WorkerConfig struct {
 	// SocketBuffer sizes SO_RCVBUF/SO_SNDBUF in bytes (default 8 MiB), forced past the sysctl
 	// limits when the process has CAP_NET_ADMIN.
 	SocketBuffer int
+	// ValuesPerPacket is K, the values one fragment carries: as many as the path MTU holds,
+	// bpf.ValuesForMTU(mtu). Default bpf.StdValues (360, a 1500-byte MTU); at most bpf.MaxValues
+	// (832, MTU 3388). Every worker of a job must use the same K: it decides the fragments.
+	ValuesPerPacket int
 }
 
 // WithDefaults returns c with zero fields set to their defaults and addresses unmapped to IPv4.
@@ -75,6 +79,9 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 	}
 	if c.SocketBuffer == 0 {
 		c.SocketBuffer = DefaultSocketBuffer
+	}
+	if c.ValuesPerPacket == 0 {
+		c.ValuesPerPacket = bpf.StdValues
 	}
 	c.Local = netip.AddrPortFrom(c.Local.Addr().Unmap(), c.Local.Port())
 	port := c.PS.Port()
@@ -112,6 +119,8 @@ func (c WorkerConfig) Validate() error {
 		return fmt.Errorf("%w: Timeout %v: use a positive retransmit timeout of at least 1µs", ErrConfig, c.Timeout)
 	case c.MaxRetries < 1:
 		return fmt.Errorf("%w: MaxRetries %d: use at least 1", ErrConfig, c.MaxRetries)
+	case c.ValuesPerPacket < 1 || c.ValuesPerPacket > bpf.MaxValues:
+		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, bpf.MaxValues)
 	case c.SocketBuffer < 0 || c.SocketBuffer > math.MaxInt32:
 		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
 	}
@@ -263,7 +272,7 @@ func (w *Worker) Close() error {
 // AllReduce replaces data, in place, by the element-wise sum of the same-length tensors that the
 // job's NumWorkers workers pass to their own AllReduce. All workers must call AllReduce with equal
 // lengths in the same order: each call takes the next ceil(len/K) sequence numbers of the job
-// (K = bpf.MaxValues values per fragment), so that is how fragments of one sum find each other.
+// (K = ValuesPerPacket values per fragment), so that is how fragments of one sum find each other.
 // An empty tensor is a no-op.
 //
 // Fixed-point sums are within the bound documented in fixed.go; fragments that saturate are
@@ -285,11 +294,12 @@ func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 		return fmt.Errorf("allreduce: %w", ErrClosed)
 	default:
 	}
-	nfrags := (len(data) + bpf.MaxValues - 1) / bpf.MaxValues
+	k := w.cfg.ValuesPerPacket
+	nfrags := (len(data) + k - 1) / k
 	if nfrags > math.MaxInt32 {
 		// The wire's 32-bit seq must tell this call's fragments apart.
 		return fmt.Errorf("%w: tensor of %d values: split it into tensors of at most %d values", ErrConfig,
-			len(data), int64(math.MaxInt32)*int64(bpf.MaxValues))
+			len(data), int64(math.MaxInt32)*int64(k))
 	}
 	base := w.nextSeq
 	w.nextSeq += uint64(nfrags)
@@ -417,8 +427,9 @@ func (w *Worker) step() (wait int64, err error) {
 // held: the receive goroutine writes results into the same tensor.
 func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
 	op := &w.op
-	lo := f.idx * bpf.MaxValues
-	vals := op.data[lo:min(lo+bpf.MaxValues, len(op.data))]
+	k := w.cfg.ValuesPerPacket
+	lo := f.idx * k
+	vals := op.data[lo:min(lo+k, len(op.data))]
 	out := f.pkt[bpf.HdrSize : bpf.HdrSize+4*len(vals)]
 	if enc == encFixed32 {
 		for j, x := range vals {
@@ -510,8 +521,9 @@ func (w *Worker) handleResult(i int) {
 		w.st.duplicates.Add(1)
 		return
 	}
-	lo := f.idx * bpf.MaxValues
-	dst := op.data[lo:min(lo+bpf.MaxValues, len(op.data))]
+	k := w.cfg.ValuesPerPacket
+	lo := f.idx * k
+	dst := op.data[lo:min(lo+k, len(op.data))]
 	if int(h.Count) != len(dst) || h.AggIndex != aggIndexFrom(w.slotBase, op.seqBase+uint64(off), w.cfg.Window, w.cfg.PoolSize) {
 		w.st.malformed.Add(1)
 		return

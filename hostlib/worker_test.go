@@ -18,7 +18,7 @@ func TestWorkerConfigDefaults(t *testing.T) {
 	c := WorkerConfig{JobID: 1, NumWorkers: 2, PS: netip.MustParseAddrPort("[::ffff:10.0.0.1]:0")}.WithDefaults()
 	want := WorkerConfig{JobID: 1, NumWorkers: 2, PS: netip.MustParseAddrPort("10.0.0.1:9510"),
 		Local: netip.AddrPortFrom(netip.Addr{}, 0), PoolSize: 4096, Window: 64, ScaleLog2: 24,
-		Timeout: 20 * time.Millisecond, MaxRetries: 50, SocketBuffer: 8 << 20}
+		Timeout: 20 * time.Millisecond, MaxRetries: 50, SocketBuffer: 8 << 20, ValuesPerPacket: bpf.StdValues}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
 	}

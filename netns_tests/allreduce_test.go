@@ -18,7 +18,7 @@ import (
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
 )
 
-const K = bpf.MaxValues
+const K = bpf.StdValues // values per packet at the topology's 1500-byte MTU
 
 // newBed builds a testbed torn down (and checked for leftovers) when the test ends.
 func newBed(t *testing.T, opts testbed.Options) *testbed.Bed {
@@ -250,3 +250,28 @@ func origs(gen func(r *rand.Rand) float32, seed uint64, w, n int) []origVal {
 }
 
 var _ = loader.Config{}
+
+// Larger frames carry more values per packet: at MTU 3388 a fragment holds bpf.MaxValues (832),
+// still a linear XDP buffer on veth, so the broadcast can clone it.
+func TestAllReduceLargeFrames(t *testing.T) {
+	const w = 4
+	mtu := 20 + 8 + bpf.HdrSize + 4*bpf.MaxValues
+	b := newBed(t, testbed.Options{Workers: w, MTU: mtu})
+	k := b.ValuesPerPacket()
+	if k != bpf.MaxValues {
+		t.Fatalf("MTU %d gives %d values per packet, want %d", mtu, k, bpf.MaxValues)
+	}
+	var frags uint64
+	for _, n := range []int{1, k - 1, k, k + 1, 1 << 18} {
+		in, ref := inputs(w, n, uint64(n), uniform)
+		if _, err := b.AllReduce(context.Background(), in); err != nil {
+			t.Fatalf("n=%d: %v", n, err)
+		}
+		checkFixed(t, in, ref, 24)
+		frags += uint64((n + k - 1) / k)
+	}
+	c, _ := b.Counters()
+	if c[maps.CntCompleted] != frags {
+		t.Errorf("completed %d in-switch, want %d: %v", c[maps.CntCompleted], frags, c.Map())
+	}
+}

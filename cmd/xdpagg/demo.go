@@ -85,8 +85,8 @@ func runDemo(args []string, stdout io.Writer) error {
 	defer bed.Close()
 
 	const scaleLog2 = 24
-	rep := demoReport{Workers: *workers, Values: *values, ValuesPerPacket: bpf.MaxValues, Rounds: *rounds}
-	rep.Fragments = (*values + bpf.MaxValues - 1) / bpf.MaxValues
+	rep := demoReport{Workers: *workers, Values: *values, ValuesPerPacket: bpf.StdValues, Rounds: *rounds}
+	rep.Fragments = (*values + bpf.StdValues - 1) / bpf.StdValues
 	rep.ErrorBound = float64(*workers) * math.Ldexp(1, -scaleLog2-1)
 	before, err := bed.Counters()
 	if err != nil {
@@ -158,7 +158,7 @@ func runDemo(args []string, stdout io.Writer) error {
 			d[maps.CntCompleted], rep.Fragments**rounds, 100*rep.InSwitchFraction, d[maps.CntAggregated],
 			d[maps.CntDuplicate], d[maps.CntToPS], d[maps.CntMalformed], rep.Retransmits)
 		fmt.Fprintf(stdout, "best allreduce %.3fs: %.3g aggregated elements/s, %d values per packet\n",
-			best, rep.ElementsPerSec, bpf.MaxValues)
+			best, rep.ElementsPerSec, bpf.StdValues)
 	}
 	if rep.Wrong > 0 {
 		return errors.New("demo: some elements were wrong")

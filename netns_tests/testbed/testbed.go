@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
@@ -122,6 +123,7 @@ func New(opts Options) (b *Bed, err error) {
 			JobID: opts.JobID, WorkerID: uint8(i), NumWorkers: uint8(opts.Workers),
 			Local: netip.AddrPortFrom(w.IP, WorkerPort), PS: psAddr,
 			PoolSize: opts.Switch.PoolSize, Window: opts.Window, ScaleLog2: opts.ScaleLog2, Timeout: opts.Timeout,
+			ValuesPerPacket: b.ValuesPerPacket(),
 		}
 		if opts.ExtraWorker != nil {
 			opts.ExtraWorker(i, &cfg)
@@ -139,6 +141,14 @@ func New(opts Options) (b *Bed, err error) {
 		}
 	}
 	return b, nil
+}
+
+// ValuesPerPacket is what the topology's MTU lets a fragment carry (K).
+func (b *Bed) ValuesPerPacket() int {
+	if b.Opts.MTU == 0 {
+		return bpf.StdValues
+	}
+	return bpf.ValuesForMTU(b.Opts.MTU)
 }
 
 // AllReduce runs one allreduce on every worker at once; inputs[i] is worker i's tensor, summed in

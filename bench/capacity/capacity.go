@@ -1,0 +1,795 @@
+//go:build linux
+
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
+)
+
+// Defaults and limits of Options.
+const (
+	// DefaultValues fill a standard 1500-byte MTU: 1500 - 20 (IPv4) - 8 (UDP) - 32 (header) =
+	// 1440 bytes. Larger Values (up to bpf.MaxValues) run over veths with a larger MTU.
+	DefaultValues   = 360
+	DefaultWorkers  = 4
+	DefaultDuration = 2 * time.Second
+	DefaultBatch    = 64  // the kernel's own default for live frames
+	MaxBatch        = 256 // the kernel's limit for live frames
+	DefaultWindow   = 128
+	MaxWindow       = 4096
+
+	// RunRepeat is how many times each Program.Run (non-live) path measurement runs the program.
+	RunRepeat = 100000
+	runWarmup = 1000
+
+	// aggregateWorkers contribute to every fragment of the non-completing "aggregate" path: one
+	// fewer than its fan-in, so no fragment ever completes.
+	aggregateWorkers = bpf.MaxWorkers - 1
+)
+
+// Keys of Result.RunNsPerPacket.
+const (
+	PathAggregate = "aggregate" // a data packet summed into a slot that it does not complete
+	PathComplete  = "complete"  // the data packet that completes a sum (rewritten into the result, broadcast verdict)
+	PathDuplicate = "duplicate" // a data packet whose contributor is already in the slot
+	PathNonAgg    = "non_agg"   // a packet that is not xdpagg traffic (XDP_PASS)
+	PathGenerator = "generator" // xdp_gen + tail call, already subtracted from aggregate and complete
+)
+
+// Sentinel errors, wrapped with details.
+var (
+	ErrOptions = errors.New("invalid capacity options")
+	// ErrMix means the switch's counters disagree with the packet mix a measurement was designed
+	// to drive, so its figure would not mean what it claims.
+	ErrMix = errors.New("packet mix not as designed")
+)
+
+// Options configures Measure. Zero fields take their defaults.
+type Options struct {
+	Values   int           // values per packet, 1..bpf.MaxValues (default DefaultValues = 360)
+	Workers  int           // fan-in of the synthetic job, 1..bpf.MaxWorkers (default 4); also the number of switch ports
+	Duration time.Duration // per live-frame measurement (default 2s)
+	Batch    int           // live-frames batch size, 1..256 (default 64)
+	// Window is how many consecutive fragments each worker sends before the next worker's
+	// turn (default 128); the job cycles through 2*Window slots, as SwitchML's pool does.
+	Window int
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Values == 0 {
+		o.Values = DefaultValues
+	}
+	if o.Workers == 0 {
+		o.Workers = DefaultWorkers
+	}
+	if o.Duration == 0 {
+		o.Duration = DefaultDuration
+	}
+	if o.Batch == 0 {
+		o.Batch = DefaultBatch
+	}
+	if o.Window == 0 {
+		o.Window = DefaultWindow
+	}
+	switch {
+	case o.Values < 1 || o.Values > bpf.MaxValues:
+		return o, fmt.Errorf("%w: %d values per packet: use 1..%d", ErrOptions, o.Values, bpf.MaxValues)
+	case o.Workers < 1 || o.Workers > bpf.MaxWorkers:
+		return o, fmt.Errorf("%w: %d workers: use 1..%d", ErrOptions, o.Workers, bpf.MaxWorkers)
+	case o.Duration < time.Millisecond:
+		return o, fmt.Errorf("%w: duration %v: use at least 1ms", ErrOptions, o.Duration)
+	case o.Batch < 1 || o.Batch > MaxBatch:
+		return o, fmt.Errorf("%w: batch %d: use 1..%d", ErrOptions, o.Batch, MaxBatch)
+	case o.Window < 1 || o.Window > MaxWindow:
+		return o, fmt.Errorf("%w: window %d: use 1..%d", ErrOptions, o.Window, MaxWindow)
+	}
+	return o, nil
+}
+
+// Result is what Measure measured. Rates are per second of wall-clock time on one CPU.
+type Result struct {
+	// AggPPS is the packet rate of xdpagg_switch under live frames on the aggregation mix, and
+	// AggElementsPerSec the aggregated values per second (AggPPS * Values).
+	AggPPS, AggElementsPerSec float64
+	// TxPPS is the packet rate of a bare XDP_TX program, same frame, same method.
+	TxPPS float64
+	// Ratio is AggPPS / TxPPS.
+	Ratio float64
+	// RunNsPerPacket is the non-live Program.Run time per packet of each switch path (keys
+	// Path*; the median of 5 runs of RunRepeat), the generator's own cost subtracted where it
+	// drives the path.
+	RunNsPerPacket map[string]float64
+	// VerifiedInsns is the verifier's processed-instruction count of each switch program.
+	VerifiedInsns map[string]uint32
+	// Insns is the instruction count of each switch program's ProgramSpec.
+	Insns map[string]int
+
+	// GenTxPPS is the live-frame rate of the traffic generator in front of the bare XDP_TX
+	// program: the same driver as the aggregation run, with nothing to aggregate.
+	GenTxPPS float64
+	// HostRxPPS is the rate at which result copies reached the hosts during the aggregation run
+	// (Workers copies per completed fragment, so about AggPPS when all goes well).
+	HostRxPPS float64
+	// AggCounters are the switch's counter deltas over the aggregation run (warm-up included).
+	AggCounters map[string]uint64
+	// Options are the options used, defaults applied.
+	Options Options
+	// CPU is the CPU every measurement ran on.
+	CPU int
+}
+
+// xdpMd is struct xdp_md, the BPF_PROG_RUN context of an XDP program.
+type xdpMd struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// Fixed identities of the synthetic job.
+const (
+	jobID     = 7
+	seqBase   = 1000
+	memberUDP = 50000
+)
+
+var psIP = netip.AddrFrom4([4]byte{10, 200, 250, 2}) // results' source address; no such host exists
+
+// Measure runs the capacity measurement described in the package documentation. It needs root
+// (network namespaces, BPF) and takes about 3*opt.Duration plus a few seconds of setup.
+func Measure(ctx context.Context, opt Options) (res Result, err error) {
+	opt, err = opt.withDefaults()
+	if err != nil {
+		return Result{}, err
+	}
+	res.Options = opt
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return Result{}, fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+
+	var objs XdptxObjects
+	if err := LoadXdptxObjects(&objs, nil); err != nil {
+		return Result{}, fmt.Errorf("load benchmark programs: %w", err)
+	}
+	defer func() {
+		if cerr := objs.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close benchmark programs: %w", cerr))
+		}
+	}()
+
+	// Pool: 2*Window slots for the mix, and room for the non-completing aggregate path, whose
+	// fragments are never freed (31 contributions each, with slack for re-runs after EINTR).
+	pool := max(4096, 2*opt.Window, (runWarmup+RunRepeat)/aggregateWorkers*5/4+2*opt.Window)
+	sw, err := loader.Load(loader.Config{PoolSize: uint32(pool)})
+	if err != nil {
+		return Result{}, fmt.Errorf("load switch: %w", err)
+	}
+	defer func() {
+		if cerr := sw.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close switch: %w", cerr))
+		}
+	}()
+
+	res.Insns, res.VerifiedInsns, err = programSizes(sw)
+	if err != nil {
+		return Result{}, err
+	}
+
+	// Veths take frames up to their MTU: make room for opt.Values.
+	mtu := max(topo.DefaultMTU, 20+8+bpf.HdrSize+4*opt.Values)
+	t, err := topo.New(topo.Config{Workers: opt.Workers, MTU: mtu, HostXDP: objs.XdpSink})
+	if err != nil {
+		return Result{}, fmt.Errorf("build switch topology: %w", err)
+	}
+	defer func() {
+		// Ports first, while their interfaces still exist.
+		for _, ifindex := range sw.Ports() {
+			if derr := sw.DetachPort(ifindex); derr != nil {
+				err = errors.Join(err, fmt.Errorf("detach switch port: %w", derr))
+			}
+		}
+		if cerr := t.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+
+	b := &bench{opt: opt, objs: &objs, sw: sw, topo: t, pool: pool, res: &res}
+	if err := t.InSwitch(func() error { return b.run(ctx) }); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// bench is one measurement in progress.
+type bench struct {
+	opt     Options
+	objs    *XdptxObjects
+	sw      *loader.Switch
+	topo    *topo.Topology
+	pool    int
+	res     *Result
+	frame   []byte // worker 0's DATA frame of the job, as it arrives at its switch port
+	vals    []int32
+	ingress int // ifindex of worker 0's switch port
+}
+
+// run measures everything. It runs on a locked OS thread inside the switch namespace.
+func (b *bench) run(ctx context.Context) (err error) {
+	cpu, err := pinThread()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := cpu.restore(); rerr != nil {
+			// Leave the thread locked so that the runtime discards it rather than reuse a thread
+			// pinned to one CPU.
+			runtime.LockOSThread()
+			err = errors.Join(err, rerr)
+		}
+	}()
+	b.res.CPU = cpu.cpu
+
+	release, err := b.attachDrivers()
+	defer func() {
+		if rerr := release(); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	if err := b.setup(); err != nil {
+		return err
+	}
+	if err := b.measureLive(ctx); err != nil {
+		return err
+	}
+	return b.measurePaths(ctx)
+}
+
+// Names of the spare veth pair that holds the benchmark's own programs.
+const (
+	spareGen = "xcap-gen"
+	spareTx  = "xcap-tx"
+)
+
+// attachDrivers attaches xdp_gen and xdp_tx to a spare veth pair (left down: it carries no
+// traffic). BPF_PROG_RUN of an XDP program with Repeat > 1 installs the program in the kernel's
+// XDP dispatcher for the duration of the call, and rewriting the dispatcher waits for an RCU
+// grace period on the way in and out (milliseconds per call) unless the program is already
+// attached somewhere; xdpagg_switch is attached to the ports, so the programs it is compared
+// with and driven by must be attached too. release detaches them and deletes the pair; it is
+// safe after a failed attachDrivers.
+func (b *bench) attachDrivers() (release func() error, err error) {
+	var links []link.Link
+	made := false
+	release = func() error {
+		var errs []error
+		for _, l := range links {
+			if err := l.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("detach benchmark program: %w", err))
+			}
+		}
+		if made {
+			if l, err := netlink.LinkByName(spareGen); err == nil {
+				if err := netlink.LinkDel(l); err != nil {
+					errs = append(errs, fmt.Errorf("delete veth %s: %w", spareGen, err))
+				}
+			}
+		}
+		return errors.Join(errs...)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: spareGen}, PeerName: spareTx}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return release, fmt.Errorf("create veth %s/%s: %w", spareGen, spareTx, err)
+	}
+	made = true
+	for _, x := range []struct {
+		ifname string
+		prog   *ebpf.Program
+	}{{spareGen, b.objs.XdpGen}, {spareTx, b.objs.XdpTx}} {
+		ifc, err := netlink.LinkByName(x.ifname)
+		if err != nil {
+			return release, fmt.Errorf("find %s: %w", x.ifname, err)
+		}
+		l, err := link.AttachXDP(link.XDPOptions{Program: x.prog, Interface: ifc.Attrs().Index, Flags: link.XDPDriverMode})
+		if err != nil {
+			return release, fmt.Errorf("attach %s to %s: %w", progName(x.prog), x.ifname, err)
+		}
+		links = append(links, l)
+	}
+	return release, nil
+}
+
+// setup attaches the switch to every port, makes each host a member of the job and builds the
+// job's frame.
+func (b *bench) setup() error {
+	for w, h := range b.topo.Workers {
+		if err := b.sw.AttachPort(h.PortIndex); err != nil {
+			return fmt.Errorf("attach switch to %s: %w", h.Port, err)
+		}
+		mb := maps.Member{
+			JobID: jobID, WorkerID: uint8(w), Ifindex: uint32(h.PortIndex),
+			Addr: netip.AddrPortFrom(h.IP, memberUDP+uint16(w)),
+			MAC:  h.MAC, PortMAC: h.PortMAC, SrcIP: psIP,
+		}
+		if err := b.sw.Maps.PutMember(mb); err != nil {
+			return fmt.Errorf("register worker %d: %w", w, err)
+		}
+	}
+	b.ingress = b.topo.Workers[0].PortIndex
+	b.vals = gradient(b.opt.Values)
+	var err error
+	b.frame, err = b.dataFrame(b.opt.Workers)
+	return err
+}
+
+// dataFrame is worker 0's DATA frame of the job (fragment seqBase, slot 0) in a job of fan-in
+// fanIn, as it arrives at its switch port.
+func (b *bench) dataFrame(fanIn int) ([]byte, error) {
+	h0 := b.topo.Workers[0]
+	payload, err := xdpaggPayload(bpf.XdpaggHdr{
+		Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_DATA),
+		Encoding: uint8(bpf.XdpaggEncodingENC_FIXED32), ScaleLog2: 16,
+		Count: uint16(b.opt.Values), JobId: jobID, Seq: seqBase, AggIndex: 0,
+		Bitmap0: 1, FanIn0: uint8(fanIn), WorkerId: 0,
+	}, b.vals)
+	if err != nil {
+		return nil, err
+	}
+	return udpFrame(endpoints{
+		dstMAC: h0.PortMAC, srcMAC: h0.MAC, srcIP: h0.IP, dstIP: psIP,
+		srcPort: memberUDP, dstPort: bpf.DefaultPort,
+	}, payload)
+}
+
+// liveSlices is how many alternating slices the aggregation and bare XDP_TX runs are cut into,
+// so that both see the same machine (frequency, neighbours) over the measurement.
+const liveSlices = 4
+
+// measureLive measures the three live-frame rates: the aggregation mix and bare XDP_TX in
+// alternating slices, then the generator in front of XDP_TX.
+func (b *bench) measureLive(ctx context.Context) error {
+	if err := b.prepare(b.sw.Objects.XdpaggSwitch, b.opt.Workers, b.opt.Workers, 2*b.opt.Window); err != nil {
+		return err
+	}
+	c0, err := b.sw.Maps.ReadCounters()
+	if err != nil {
+		return err
+	}
+	agg, err := b.newDriver(b.objs.XdpGen)
+	if err != nil {
+		return fmt.Errorf("aggregation mix: %w", err)
+	}
+	tx, err := b.newDriver(b.objs.XdpTx)
+	if err != nil {
+		return fmt.Errorf("bare XDP_TX: %w", err)
+	}
+	slice := b.opt.Duration / liveSlices
+	var delivered uint64
+	for range liveSlices {
+		s0, err := b.sinkCount()
+		if err != nil {
+			return err
+		}
+		if err := agg.runFor(ctx, slice); err != nil {
+			return fmt.Errorf("aggregation mix: %w", err)
+		}
+		s1, err := b.sinkCount()
+		if err != nil {
+			return err
+		}
+		delivered += s1 - s0
+		if err := tx.runFor(ctx, slice); err != nil {
+			return fmt.Errorf("bare XDP_TX: %w", err)
+		}
+	}
+	c1, err := b.sw.Maps.ReadCounters()
+	if err != nil {
+		return err
+	}
+	d := c1.Sub(c0)
+	b.res.AggCounters = d.Map()
+	if err := b.checkMix(d, agg.sent); err != nil {
+		return err
+	}
+	b.res.AggPPS = agg.pps()
+	b.res.AggElementsPerSec = b.res.AggPPS * float64(b.opt.Values)
+	b.res.HostRxPPS = float64(delivered) / agg.elapsed.Seconds()
+	b.res.TxPPS = tx.pps()
+	b.res.Ratio = b.res.AggPPS / b.res.TxPPS
+
+	// The generator in front of XDP_TX: the aggregation run's driver with nothing to aggregate.
+	if err := b.prepare(b.objs.XdpTx, b.opt.Workers, b.opt.Workers, 2*b.opt.Window); err != nil {
+		return err
+	}
+	gtx, err := b.newDriver(b.objs.XdpGen)
+	if err == nil {
+		err = gtx.runFor(ctx, b.opt.Duration)
+	}
+	if err != nil {
+		return fmt.Errorf("generator + XDP_TX: %w", err)
+	}
+	b.res.GenTxPPS = gtx.pps()
+	return nil
+}
+
+// checkMix verifies that the aggregation run drove the mix it was designed for: every packet
+// summed, one in Workers completing and broadcast to every port, nothing else.
+func (b *bench) checkMix(d maps.Counters, sent uint64) error {
+	w := uint64(b.opt.Workers)
+	rx, agg, done := d[maps.CntRx], d[maps.CntAggregated], d[maps.CntCompleted]
+	bad := d[maps.CntDuplicate] + d[maps.CntCollision] + d[maps.CntToPS] + d[maps.CntMalformed] +
+		d[maps.CntRedirectErr] + d[maps.CntEgressSkip] + d[maps.CntShadowTx]
+	slack := w * uint64(b.opt.Window) // a round cut short by the end of the run
+	switch {
+	case rx < sent || agg != rx || bad != 0:
+		return fmt.Errorf("%w: aggregation run sent %d packets, switch counted %v", ErrMix, sent, nonZero(d))
+	case done*w > rx || rx-done*w > slack:
+		return fmt.Errorf("%w: %d of %d packets completed a sum, want 1 in %d: %v", ErrMix, done, rx, w, nonZero(d))
+	case d[maps.CntEgressTx]*100 < done*w*99:
+		return fmt.Errorf("%w: %d completions broadcast only %d copies to %d ports: %v", ErrMix, done, d[maps.CntEgressTx], w, nonZero(d))
+	}
+	return nil
+}
+
+func nonZero(c maps.Counters) map[string]uint64 {
+	out := map[string]uint64{}
+	for name, v := range c.Map() {
+		if v != 0 {
+			out[name] = v
+		}
+	}
+	return out
+}
+
+// driver runs one program on b.frame in live-frame mode, in chunks of about 10ms of
+// wall-clock time each, and accumulates what it timed.
+type driver struct {
+	prog    *ebpf.Program
+	opts    ebpf.RunOptions
+	chunk   uint32
+	sent    uint64        // packets, warm-up included
+	timed   uint64        // packets of the timed chunks
+	elapsed time.Duration // of the timed chunks
+}
+
+// newDriver makes a driver and runs its warm-up chunk, which also sizes the chunks.
+func (b *bench) newDriver(prog *ebpf.Program) (*driver, error) {
+	d := &driver{prog: prog, opts: ebpf.RunOptions{
+		Data:      b.frame,
+		Flags:     unix.BPF_F_TEST_XDP_LIVE_FRAMES,
+		BatchSize: uint32(b.opt.Batch),
+		Context:   xdpMd{DataEnd: uint32(len(b.frame)), IngressIfindex: uint32(b.ingress)},
+	}}
+	const warm = 8192
+	d.chunk = warm
+	start := time.Now()
+	if err := d.run(); err != nil {
+		return nil, err
+	}
+	per := time.Since(start) / warm
+	d.chunk = 1 << 22
+	if per > 0 {
+		d.chunk = uint32(min(1<<22, max(1024, int64(10*time.Millisecond/per))))
+	}
+	return d, nil
+}
+
+func (d *driver) run() error {
+	d.opts.Repeat = d.chunk
+	if _, err := d.prog.Run(&d.opts); err != nil {
+		return fmt.Errorf("live-frame run of %s: %w", progName(d.prog), err)
+	}
+	d.sent += uint64(d.chunk)
+	return nil
+}
+
+// runFor runs timed chunks until dur has passed (at least one chunk).
+func (d *driver) runFor(ctx context.Context, dur time.Duration) error {
+	start := time.Now()
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("capacity measurement: %w", err)
+		}
+		if err := d.run(); err != nil {
+			return err
+		}
+		d.timed += uint64(d.chunk)
+		if el := time.Since(start); el >= dur {
+			d.elapsed += el
+			return nil
+		}
+	}
+}
+
+func (d *driver) pps() float64 { return float64(d.timed) / d.elapsed.Seconds() }
+
+func progName(p *ebpf.Program) string {
+	if info, err := p.Info(); err == nil && info.Name != "" {
+		return info.Name
+	}
+	return p.String()
+}
+
+// prepare frees every slot, configures the generator (workers contributors of fan-in fanIn, each
+// sending Window fragments in a row, over slots slots), rewinds it and puts next behind it.
+func (b *bench) prepare(next *ebpf.Program, workers, fanIn, slots int) error {
+	if err := b.sw.Maps.ResetSlots(); err != nil {
+		return err
+	}
+	cfg := XdptxGenCfg{
+		Workers: uint32(workers), FanIn: uint32(fanIn), Window: uint32(b.opt.Window),
+		Slots: uint32(slots), SeqBase: seqBase, Nvals: uint32(b.opt.Values),
+	}
+	if len(cfg.Vals) < b.opt.Values {
+		return fmt.Errorf("%w: %d values per packet: the generator holds at most %d", ErrOptions, b.opt.Values, len(cfg.Vals))
+	}
+	copy(cfg.Tmpl[:], b.frame[:offVals])
+	copy(cfg.Vals[:], b.vals)
+	if err := b.objs.GenCfg.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("configure generator: %w", err)
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("count CPUs: %w", err)
+	}
+	if err := b.objs.GenState.Put(uint32(0), make([]XdptxGenState, ncpu)); err != nil {
+		return fmt.Errorf("rewind generator: %w", err)
+	}
+	return b.setNext(next)
+}
+
+func (b *bench) setNext(p *ebpf.Program) error {
+	if err := b.objs.Next.Put(uint32(0), p); err != nil {
+		return fmt.Errorf("put %s behind the generator: %w", progName(p), err)
+	}
+	return nil
+}
+
+func (b *bench) sinkCount() (uint64, error) {
+	var per []uint64
+	if err := b.objs.SinkCount.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("read host sink counter: %w", err)
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n, nil
+}
+
+// pathReps is how many times each Program.Run path is measured; the median is reported.
+const pathReps = 5
+
+// pathRun is one Program.Run path measurement.
+type pathRun struct {
+	name    string
+	prepare func() error
+	prog    *ebpf.Program
+	frame   []byte
+	check   func(d maps.Counters) bool // the counters say every run took the path
+}
+
+// measurePaths measures the non-live Program.Run time of each switch path: the median over
+// pathReps measurements of RunRepeat runs each, every one from a freshly prepared state.
+func (b *bench) measurePaths(ctx context.Context) error {
+	const n = runWarmup + RunRepeat
+	resetSlots := func() error { return b.sw.Maps.ResetSlots() }
+	// Fan-in 32 for the duplicate frame, so that its first run does not complete (and rewrite)
+	// it whatever opt.Workers is: without live frames the program reruns the very same buffer.
+	dup, err := b.dataFrame(bpf.MaxWorkers)
+	if err != nil {
+		return err
+	}
+	nonAgg := append([]byte(nil), b.frame...)
+	nonAgg[offUDP+2], nonAgg[offUDP+3] = 0x23, 0x29 // UDP port 9001: not xdpagg traffic
+	runs := []pathRun{
+		// The generator alone, in front of XDP_TX (which costs next to nothing without live frames).
+		{PathGenerator, func() error {
+			return b.prepare(b.objs.XdpTx, b.opt.Workers, b.opt.Workers, 2*b.opt.Window)
+		}, b.objs.XdpGen, b.frame, func(d maps.Counters) bool { return d == maps.Counters{} }},
+		// 31 workers of a fan-in of 32: no fragment completes, every packet is summed into its
+		// slot (the first of each fragment reserves the slot: the same value loop).
+		{PathAggregate, func() error {
+			return b.prepare(b.sw.Objects.XdpaggSwitch, aggregateWorkers, bpf.MaxWorkers, b.pool)
+		}, b.objs.XdpGen, b.frame, func(d maps.Counters) bool {
+			return d[maps.CntAggregated] == d[maps.CntRx] && d[maps.CntRx] >= n && d[maps.CntCompleted] == 0 && errorCount(d) == 0
+		}},
+		// Fan-in 1: every packet is a new fragment that it completes.
+		{PathComplete, func() error {
+			return b.prepare(b.sw.Objects.XdpaggSwitch, 1, 1, 2*b.opt.Window)
+		}, b.objs.XdpGen, b.frame, func(d maps.Counters) bool {
+			return d[maps.CntCompleted] == d[maps.CntRx] && d[maps.CntRx] >= n && errorCount(d) == 0
+		}},
+		// The same frame over and over: all but the first are duplicates.
+		{PathDuplicate, resetSlots, b.sw.Objects.XdpaggSwitch, dup, func(d maps.Counters) bool {
+			return d[maps.CntDuplicate]+1 == d[maps.CntRx] && d[maps.CntRx] >= n
+		}},
+		// A UDP datagram of the same size to another port.
+		{PathNonAgg, resetSlots, b.sw.Objects.XdpaggSwitch, nonAgg, func(d maps.Counters) bool {
+			return d[maps.CntNonAgg] >= n && d[maps.CntRx] == 0
+		}},
+	}
+	out := map[string]float64{}
+	for _, r := range runs {
+		var ns []float64
+		for range pathReps {
+			if err := r.prepare(); err != nil {
+				return err
+			}
+			v, d, err := b.runNs(ctx, r.prog, r.frame)
+			if err != nil {
+				return fmt.Errorf("%s path: %w", r.name, err)
+			}
+			if !r.check(d) {
+				return fmt.Errorf("%w: %s path: %d runs, switch counted %v", ErrMix, r.name, n, nonZero(d))
+			}
+			ns = append(ns, v)
+		}
+		out[r.name] = median(ns)
+	}
+	out[PathAggregate] -= out[PathGenerator]
+	out[PathComplete] -= out[PathGenerator]
+	b.res.RunNsPerPacket = out
+	return nil
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// errorCount sums the counters no designed path should move.
+func errorCount(d maps.Counters) uint64 {
+	return d[maps.CntDuplicate] + d[maps.CntCollision] + d[maps.CntToPS] + d[maps.CntMalformed] +
+		d[maps.CntRedirectErr] + d[maps.CntShadowTx]
+}
+
+// runNs runs prog on frame runWarmup times, then RunRepeat times, without live frames, and
+// returns the kernel's average time per run of the second batch and the switch's counter deltas
+// over both.
+func (b *bench) runNs(ctx context.Context, prog *ebpf.Program, frame []byte) (float64, maps.Counters, error) {
+	var d maps.Counters
+	if err := ctx.Err(); err != nil {
+		return 0, d, fmt.Errorf("capacity measurement: %w", err)
+	}
+	c0, err := b.sw.Maps.ReadCounters()
+	if err != nil {
+		return 0, d, err
+	}
+	if _, _, err := prog.Benchmark(frame, runWarmup, nil); err != nil {
+		return 0, d, fmt.Errorf("test run of %s: %w", progName(prog), err)
+	}
+	_, per, err := prog.Benchmark(frame, RunRepeat, nil)
+	if err != nil {
+		return 0, d, fmt.Errorf("test run of %s: %w", progName(prog), err)
+	}
+	c1, err := b.sw.Maps.ReadCounters()
+	if err != nil {
+		return 0, d, err
+	}
+	return float64(per.Nanoseconds()), c1.Sub(c0), nil
+}
+
+// pinned is the calling thread pinned to one CPU.
+type pinned struct {
+	cpu  int
+	orig unix.CPUSet
+}
+
+// pinThread pins the calling (locked) thread to the highest-numbered CPU it may run on.
+func pinThread() (*pinned, error) {
+	p := &pinned{cpu: -1}
+	if err := unix.SchedGetaffinity(0, &p.orig); err != nil {
+		return nil, fmt.Errorf("read CPU affinity: %w", err)
+	}
+	for i := len(p.orig)*64 - 1; i >= 0; i-- {
+		if p.orig.IsSet(i) {
+			p.cpu = i
+			break
+		}
+	}
+	if p.cpu < 0 {
+		return nil, errors.New("read CPU affinity: empty CPU set")
+	}
+	var one unix.CPUSet
+	one.Set(p.cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		return nil, fmt.Errorf("pin to CPU %d: %w", p.cpu, err)
+	}
+	return p, nil
+}
+
+func (p *pinned) restore() error {
+	if err := unix.SchedSetaffinity(0, &p.orig); err != nil {
+		return fmt.Errorf("restore CPU affinity: %w", err)
+	}
+	return nil
+}
+
+// programSizes returns the instruction counts of the switch programs: in their specs, and as
+// processed by the verifier.
+func programSizes(sw *loader.Switch) (map[string]int, map[string]uint32, error) {
+	spec, err := loader.Spec(sw.Config)
+	if err != nil {
+		return nil, nil, err
+	}
+	progs := map[string]*ebpf.Program{
+		bpf.XdpaggProgXdpaggSwitch: sw.Objects.XdpaggSwitch,
+		bpf.XdpaggProgXdpaggEgress: sw.Objects.XdpaggEgress,
+		bpf.XdpaggProgXdpaggPass:   sw.Objects.XdpaggPass,
+	}
+	insns := map[string]int{}
+	verified := map[string]uint32{}
+	var missing []string
+	for name, p := range progs {
+		ps, ok := spec.Programs[name]
+		if !ok {
+			return nil, nil, fmt.Errorf("switch object has no program %s", name)
+		}
+		insns[name] = len(ps.Instructions)
+		info, err := p.Info()
+		if err != nil {
+			return nil, nil, fmt.Errorf("program info of %s: %w", name, err)
+		}
+		if n, ok := info.VerifiedInstructions(); ok {
+			verified[name] = n
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return insns, verified, nil
+	}
+	// Kernels before 5.16 do not report the count: load again with verifier statistics.
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats},
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("load switch programs with verifier statistics: %w", err)
+	}
+	defer coll.Close()
+	for _, name := range missing {
+		p := coll.Programs[name]
+		if p == nil {
+			return nil, nil, fmt.Errorf("switch collection has no program %s", name)
+		}
+		verified[name] = processedInsns(p.VerifierLog)
+	}
+	return insns, verified, nil
+}
+
+var processedRE = regexp.MustCompile(`processed (\d+) insns`)
+
+// processedInsns sums the "processed N insns" lines of a verifier log.
+func processedInsns(log string) uint32 {
+	var n uint64
+	for _, m := range processedRE.FindAllStringSubmatch(log, -1) {
+		v, err := strconv.ParseUint(m[1], 10, 32)
+		if err == nil {
+			n += v
+		}
+	}
+	return uint32(min(n, uint64(^uint32(0))))
+}

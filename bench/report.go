@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"text/tabwriter"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// Table prints every cell, then xdpagg's ratio to each other mode.
+func (r *Report) Table(w io.Writer) {
+	fmt.Fprintf(w, "machine: %s\n\n", r.Machine)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tW\tsize\tmedian ms\tp10 ms\tp90 ms\telements/s\talgbw GB/s\tCPU s/GB\tverified\t")
+	for _, c := range r.Cells {
+		if c.Error != "" {
+			fmt.Fprintf(tw, "%s\t%d\t%s\tFAILED: %s\t\t\t\t\t\t\t\n", c.Mode, c.Workers, humanBytes(c.Bytes), c.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.3g\t%.3f\t%.2f\t%v\t\n", c.Mode, c.Workers, humanBytes(c.Bytes),
+			1e3*c.Median, 1e3*c.P10, 1e3*c.P90, c.ElementsPerSec, c.AlgBWGBps, c.CPUSecPerGB, c.Verified)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nxdpagg speed-up over each mode (time(other)/time(xdpagg) over paired rounds; >1: xdpagg faster)")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "vs\tW\tsize\tmedian\tp10\tp90\t")
+	for _, x := range r.Ratios {
+		if x.Mode != ModeXdpagg {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2fx\t%.2fx\t%.2fx\t\n", x.Other, x.Workers, humanBytes(x.Bytes), x.Median, x.P10, x.P90)
+	}
+	tw.Flush()
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+var modeColors = map[string]color.Color{
+	ModeXdpagg: color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	ModePS:     color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	ModeRing:   color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	ModeGloo:   color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+}
+
+// Plot writes a PNG with two panels: aggregated elements/s against tensor size (at the W closest
+// to 4) and against W (at the size closest to 4 MiB).
+func (r *Report) Plot(path string) error {
+	var ws, sizes []int
+	for _, c := range r.Cells {
+		if !slices.Contains(ws, c.Workers) {
+			ws = append(ws, c.Workers)
+		}
+		if !slices.Contains(sizes, c.Bytes) {
+			sizes = append(sizes, c.Bytes)
+		}
+	}
+	if len(ws) == 0 {
+		return fmt.Errorf("plot: no measurements")
+	}
+	sort.Ints(ws)
+	sort.Ints(sizes)
+	pickW := closest(ws, 4)
+	pickB := closest(sizes, 4<<20)
+
+	bySize := plot.New()
+	bySize.Title.Text = fmt.Sprintf("allreduce throughput vs size (W=%d)", pickW)
+	bySize.X.Label.Text = "tensor size (bytes, log)"
+	bySize.Y.Label.Text = "aggregated elements/s (log)"
+	bySize.X.Scale, bySize.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	bySize.X.Tick.Marker, bySize.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	byW := plot.New()
+	byW.Title.Text = fmt.Sprintf("allreduce throughput vs workers (%s)", humanBytes(pickB))
+	byW.X.Label.Text = "workers"
+	byW.Y.Label.Text = "aggregated elements/s"
+	for _, p := range []*plot.Plot{bySize, byW} {
+		p.Legend.Top = true
+		p.Add(plotter.NewGrid())
+	}
+
+	for _, m := range AllModes {
+		var s, w plotter.XYs
+		for _, c := range r.Cells {
+			if c.Mode != m || c.ElementsPerSec == 0 {
+				continue
+			}
+			if c.Workers == pickW {
+				s = append(s, plotter.XY{X: float64(c.Bytes), Y: c.ElementsPerSec})
+			}
+			if c.Bytes == pickB {
+				w = append(w, plotter.XY{X: float64(c.Workers), Y: c.ElementsPerSec})
+			}
+		}
+		for _, set := range []struct {
+			p   *plot.Plot
+			xys plotter.XYs
+		}{{bySize, s}, {byW, w}} {
+			if len(set.xys) == 0 {
+				continue
+			}
+			l, pts, err := plotter.NewLinePoints(set.xys)
+			if err != nil {
+				return fmt.Errorf("plot %s: %w", m, err)
+			}
+			l.Color, pts.Color = modeColors[m], modeColors[m]
+			l.Width = vg.Points(2)
+			set.p.Add(l, pts)
+			set.p.Legend.Add(m, l, pts)
+		}
+	}
+
+	img := vgimg.New(vg.Points(1100), vg.Points(420))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Points(20), PadY: vg.Points(10), PadTop: vg.Points(10), PadBottom: vg.Points(10), PadLeft: vg.Points(10), PadRight: vg.Points(10)}
+	canvases := plot.Align([][]*plot.Plot{{bySize, byW}}, tiles, dc)
+	bySize.Draw(canvases[0][0])
+	byW.Draw(canvases[0][1])
+	f, err := createFile(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+func closest(xs []int, target int) int {
+	best := xs[0]
+	for _, x := range xs {
+		if abs(x-target) < abs(best-target) {
+			best = x
+		}
+	}
+	return best
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func createFile(path string) (io.WriteCloser, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	return f, nil
+}

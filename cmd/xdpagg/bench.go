@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/xdpagg/xdpagg/bench"
+	"github.com/xdpagg/xdpagg/bench/capacity"
+)
+
+// benchOutput is what --json prints and bench.json holds.
+type benchOutput struct {
+	Report   *bench.Report    `json:"report,omitempty"`
+	Capacity *capacity.Result `json:"switch_capacity,omitempty"`
+}
+
+func runBench(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var (
+		modes   = fs.String("modes", strings.Join(bench.AllModes, ","), "modes to compare: xdpagg,ps,ring,gloo")
+		sizes   = fs.String("sizes", "40KB,4MiB,64MiB", "tensor sizes (float32 bytes per worker): NNN, NNNKB, NNNMiB")
+		workers = fs.String("workers", "2,4,8", "worker counts")
+		rounds  = fs.Int("rounds", 0, "interleaved rounds per cell (0: 9, or 5 for sizes >= 16MiB)")
+		window  = fs.Int("window", 0, "fragments in flight per worker for xdpagg/ps (0: hostlib default)")
+		python  = fs.String("python", "/usr/bin/python3", "Python with torch for the gloo mode")
+		out     = fs.String("out", "bench-out", "directory for bench.json and bench.png")
+		asJSON  = fs.Bool("json", false, "print the JSON report instead of the table")
+		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames vs bare XDP_TX) instead of the modes")
+		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
+		quiet   = fs.Bool("quiet", false, "no progress line")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w: the benchmark needs root (network namespaces, XDP)", errUsage)
+	}
+	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window}
+	if !*quiet {
+		opts.Progress = os.Stderr
+	}
+	opts.Modes = splitList(*modes)
+	var err error
+	if opts.Bytes, err = parseSizes(*sizes); err != nil {
+		return err
+	}
+	for _, w := range splitList(*workers) {
+		n, err := strconv.Atoi(w)
+		if err != nil {
+			return fmt.Errorf("%w: --workers %q: use numbers like 2,4,8", errUsage, w)
+		}
+		opts.Workers = append(opts.Workers, n)
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return fmt.Errorf("create output directory: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var res benchOutput
+	if !*capOnly {
+		if res.Report, err = bench.Run(ctx, opts); err != nil {
+			return err
+		}
+	}
+	if *capOnly || *capToo {
+		if opts.Progress != nil {
+			fmt.Fprint(os.Stderr, "\r\033[Kmeasuring switch capacity ...")
+		}
+		c, err := capacity.Measure(ctx, capacity.Options{})
+		if opts.Progress != nil {
+			fmt.Fprint(os.Stderr, "\r\033[K")
+		}
+		if err != nil {
+			return fmt.Errorf("switch capacity: %w", err)
+		}
+		res.Capacity = &c
+	}
+
+	b, _ := json.MarshalIndent(res, "", "  ")
+	jsonPath := filepath.Join(*out, "bench.json")
+	if err := os.WriteFile(jsonPath, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", jsonPath, err)
+	}
+	pngPath := filepath.Join(*out, "bench.png")
+	if res.Report != nil {
+		if err := res.Report.Plot(pngPath); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		_, err := stdout.Write(append(b, '\n'))
+		return err
+	}
+	if res.Report != nil {
+		res.Report.Table(stdout)
+		fmt.Fprintf(stdout, "\nwrote %s and %s\n", jsonPath, pngPath)
+	}
+	if res.Capacity != nil {
+		fmt.Fprintln(stdout)
+		res.Capacity.Table(stdout)
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parseSizes reads "40KB,4MiB,64MiB" (KB = KiB = 1024 bytes; MB = MiB).
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		mult := 1
+		num := f
+		for _, suf := range []struct {
+			s string
+			m int
+		}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"K", 1 << 10}, {"M", 1 << 20}, {"B", 1}} {
+			if strings.HasSuffix(f, suf.s) {
+				mult, num = suf.m, strings.TrimSuffix(f, suf.s)
+				break
+			}
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil || n <= 0 || (n*mult)%4 != 0 {
+			return nil, fmt.Errorf("%w: --sizes %q: use sizes like 40KB, 4MiB or 4096 (a multiple of 4 bytes)", errUsage, f)
+		}
+		out = append(out, n*mult)
+	}
+	return out, nil
+}
