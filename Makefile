@@ -20,11 +20,11 @@ deps-bench:
 	@scripts/deps.sh --bench
 
 generate: deps-clang
-	cd bpf && $(GO) generate ./...
+	$(GO) generate ./bpf/... ./bench/capacity/...
 
 # Regenerate and fail if the committed objects are stale (CI runs this when clang is present).
 check-generated: generate
-	@git diff --exit-code --stat -- bpf/ || { echo "bpf/: generated files are stale: run 'make generate' and commit" >&2; exit 1; }
+	@git diff --exit-code --stat -- bpf/ bench/capacity/ || { echo "generated BPF files are stale: run 'make generate' and commit" >&2; exit 1; }
 
 build:
 	$(GO) build -o $(BIN) ./cmd/xdpagg

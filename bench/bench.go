@@ -64,6 +64,9 @@ type Options struct {
 	Progress io.Writer
 	// Window overrides the xdpagg/ps workers' window (0: hostlib's default).
 	Window int
+	// MTU of every link of the topology (0: 1500). Every mode gets the same links; the UDP modes
+	// fill packets to it (bpf.ValuesForMTU).
+	MTU int
 }
 
 // DefaultBytes are the issue's sizes: iSwitch's PPO model, ATP's microbenchmark, a large layer.
@@ -78,6 +81,9 @@ func (o Options) withDefaults() Options {
 	}
 	if len(o.Workers) == 0 {
 		o.Workers = []int{2, 4, 8}
+	}
+	if o.MTU == 0 {
+		o.MTU = 1500
 	}
 	if o.Python == "" {
 		o.Python = "/usr/bin/python3"
@@ -101,6 +107,9 @@ func (o Options) Validate() error {
 		if w < 2 || w > 32 {
 			return fmt.Errorf("%w: %d workers: use 2..32", ErrConfig, w)
 		}
+	}
+	if o.MTU != 0 && (o.MTU < 576 || o.MTU > 3388) {
+		return fmt.Errorf("%w: MTU %d: use 576..3388 (the largest frame a veth gives XDP as one buffer)", ErrConfig, o.MTU)
 	}
 	if o.Rounds < 0 {
 		return fmt.Errorf("%w: rounds %d: use a positive number", ErrConfig, o.Rounds)
@@ -141,6 +150,7 @@ type Report struct {
 	Started time.Time `json:"started"`
 	Machine string    `json:"machine"`
 	Rounds  int       `json:"rounds"`
+	MTU     int       `json:"mtu"`
 	Cells   []Cell    `json:"cells"`
 	Ratios  []Ratio   `json:"ratios"`
 	Notes   []string  `json:"notes,omitempty"`
@@ -161,7 +171,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	rep := &Report{Started: time.Now(), Machine: machine(), Rounds: opts.Rounds}
+	rep := &Report{Started: time.Now(), Machine: machine(), Rounds: opts.Rounds, MTU: opts.MTU}
 	if slices.Contains(opts.Modes, ModeGloo) {
 		if err := gloo.Available(opts.Python); err != nil {
 			return nil, fmt.Errorf("%w: gloo mode: %w (or leave gloo out with --modes)", ErrConfig, err)
@@ -195,7 +205,7 @@ func progress(o Options, format string, a ...any) {
 // runWorkers builds one environment with W workers, sets every mode up on it and measures all sizes.
 func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 	progress(opts, "W=%d: building topology and modes", w)
-	bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window,
+	bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU,
 		Switch: loader.Config{PoolSize: 4096}})
 	if err != nil {
 		return fmt.Errorf("testbed W=%d: %w", w, err)
@@ -429,7 +439,7 @@ func newPSMode(bed *testbed.Bed, opts Options) (*psMode, error) {
 		err := bed.Topo.InHost(h, func() error {
 			w, err := hostlib.NewWorker(hostlib.WorkerConfig{JobID: 2, WorkerID: uint8(i),
 				NumWorkers: uint8(len(bed.Topo.Workers)), Local: netip.AddrPortFrom(h.IP, psWorkerPort),
-				PS: addr, PoolSize: 4096, Window: opts.Window})
+				PS: addr, PoolSize: 4096, Window: opts.Window, ValuesPerPacket: bed.ValuesPerPacket()})
 			if err != nil {
 				return err
 			}
@@ -468,7 +478,7 @@ func newRingMode(bed *testbed.Bed) (*ringMode, error) {
 	}
 	for i, h := range bed.Topo.Workers {
 		err := bed.Topo.InHost(h, func() error {
-			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers})
+			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers, ValuesPerPacket: bed.ValuesPerPacket()})
 			if err != nil {
 				return err
 			}

@@ -37,6 +37,7 @@ func runBench(args []string, stdout io.Writer) error {
 		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames vs bare XDP_TX) instead of the modes")
 		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
 		quiet   = fs.Bool("quiet", false, "no progress line")
+		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -44,7 +45,7 @@ func runBench(args []string, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("%w: the benchmark needs root (network namespaces, XDP)", errUsage)
 	}
-	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window}
+	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window, MTU: *mtu}
 	if !*quiet {
 		opts.Progress = os.Stderr
 	}
