@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"text/tabwriter"
 
 	"gonum.org/v1/plot"
@@ -77,7 +79,7 @@ func (r *Report) Plot(path string) error {
 	bySize.X.Label.Text = "tensor size (bytes, log)"
 	bySize.Y.Label.Text = "aggregated elements/s (log)"
 	bySize.X.Scale, bySize.Y.Scale = plot.LogScale{}, plot.LogScale{}
-	bySize.X.Tick.Marker, bySize.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	bySize.X.Tick.Marker, bySize.Y.Tick.Marker = logTicks{}, logTicks{}
 	byW := plot.New()
 	byW.Title.Text = fmt.Sprintf("allreduce throughput vs workers (%s)", humanBytes(pickB))
 	byW.X.Label.Text = "workers"
@@ -158,4 +160,22 @@ func createFile(path string) (io.WriteCloser, error) {
 		return nil, fmt.Errorf("create %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// logTicks labels 1, 2 and 5 times each power of ten, so a log axis spanning less than a decade
+// still has labels (plot.LogTicks labels powers of ten only).
+type logTicks struct{}
+
+func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	var out []plot.Tick
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if v < lo || v > hi {
+				continue
+			}
+			out = append(out, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', 3, 64)})
+		}
+	}
+	return out
 }
