@@ -1,6 +1,9 @@
 package hostlib
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
 // Fixed-point codec for ENC_FIXED32: a value x travels as the int32 round(x * 2^scaleLog2), which
 // the switch can add with integer ALUs (an XDP program, like a switch pipeline, has no FPU).
@@ -48,4 +51,56 @@ func Quantize(x float32, scaleLog2 uint8) (v int32, ok bool) {
 // bits), so the conversion to float32 is the one and only rounding.
 func Dequantize(v int32, scaleLog2 uint8) float32 {
 	return float32(float64(v) * invPow2[scaleLog2])
+}
+
+const (
+	// roundMagic is 1.5*2^52: for |f| < 2^51, f+roundMagic rounds f to an integer, ties to even
+	// (the default rounding mode), and leaves it, two's complement, in the low bits of the
+	// mantissa.
+	roundMagic     = 0x1.8p52
+	roundMagicBits = 0x4338000000000000 // math.Float64bits(roundMagic)
+)
+
+// quantizeTo writes Quantize(vals[j], scaleLog2) little-endian into out[4j:4j+4] for every j and
+// reports whether every value was ok. It is the hot path of every DATA packet: one multiply, one
+// add and a predictable range check per value; a packet with any value out of range is redone
+// value by value through Quantize, which also clamps.
+func quantizeTo(out []byte, vals []float32, scaleLog2 uint8) (ok bool) {
+	m := pow2[scaleLog2]
+	out = out[:4*len(vals)]
+	var bad uint64
+	for j, x := range vals {
+		// t is RoundToEven(f) when |f| < 2^51; for any other f (huge, infinite, NaN) |t| >= 2^51.
+		// So t fits an int32 exactly when Quantize would say ok: no branch per value.
+		t := int64(math.Float64bits(float64(x)*m+roundMagic)) - roundMagicBits
+		bad |= uint64(t+1<<31) >> 32
+		binary.LittleEndian.PutUint32(out[4*j:4*j+4], uint32(t))
+	}
+	if bad == 0 {
+		return true
+	}
+	ok = true
+	for j, x := range vals {
+		q, qok := Quantize(x, scaleLog2)
+		ok = ok && qok
+		binary.LittleEndian.PutUint32(out[4*j:], uint32(q))
+	}
+	return ok
+}
+
+// dequantizeFrom sets dst[j] = Dequantize(int32 little-endian at in[4j:], scaleLog2).
+func dequantizeFrom(dst []float32, in []byte, scaleLog2 uint8) {
+	if scaleLog2 > MaxScaleLog2 {
+		for j := range dst {
+			dst[j] = Dequantize(int32(binary.LittleEndian.Uint32(in[4*j:])), scaleLog2)
+		}
+		return
+	}
+	// In float32 directly: float32(v) is the one rounding, and scaling it by 2^-s with s <= 30
+	// is exact (the result stays a normal float32), so this equals Dequantize bit for bit.
+	m := float32(invPow2[scaleLog2])
+	in = in[:4*len(dst)]
+	for j := range dst {
+		dst[j] = float32(int32(binary.LittleEndian.Uint32(in[4*j:4*j+4]))) * m
+	}
 }

@@ -432,12 +432,8 @@ func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
 	vals := op.data[lo:min(lo+k, len(op.data))]
 	out := f.pkt[bpf.HdrSize : bpf.HdrSize+4*len(vals)]
 	if enc == encFixed32 {
-		for j, x := range vals {
-			q, ok := Quantize(x, w.cfg.ScaleLog2)
-			if !ok {
-				flags |= fOverflow // the sum cannot be right in fixed point: ask for the float repair
-			}
-			binary.LittleEndian.PutUint32(out[4*j:], uint32(q))
+		if !quantizeTo(out, vals, w.cfg.ScaleLog2) {
+			flags |= fOverflow // the sum cannot be right in fixed point: ask for the float repair
 		}
 	} else {
 		for j, x := range vals {
@@ -542,9 +538,7 @@ func (w *Worker) handleResult(i int) {
 			w.st.repairs.Add(1)
 			return
 		}
-		for j := range dst {
-			dst[j] = Dequantize(int32(binary.LittleEndian.Uint32(vals[4*j:])), h.ScaleLog2)
-		}
+		dequantizeFrom(dst, vals, h.ScaleLog2)
 	case encFloat32:
 		for j := range dst {
 			dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(vals[4*j:]))

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,6 +39,7 @@ func runBench(args []string, stdout io.Writer) error {
 		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
 		quiet   = fs.Bool("quiet", false, "no progress line")
 		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
+		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -66,6 +68,18 @@ func runBench(args []string, stdout io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	var res benchOutput
 	if !*capOnly {
