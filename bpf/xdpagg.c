@@ -240,27 +240,38 @@ enum data_verdict {
 };
 
 /* slot[i] = pkt[i] = slot[i] + pkt[i] with int32 saturation over the chunks that hold n values;
- * returns 1 if any lane saturated. A separate (static, so verified in the caller's context)
- * function: with the whole of handle_data live around it, clang spilled the loop's pointers to the
- * stack on every lane; alone it keeps them in registers. Called under the slot's spin lock, which
- * the kernel allows for static subprograms. */
-static __noinline __u32 add_saturating(__s32 *slot, __s32 *pkt, __u32 n)
+ * returns nonzero if any lane saturated.
+ *
+ * SWAR: two int32 lanes per 64-bit word (BPF has no SIMD). The low 31 bits of both lanes are
+ * added with the lanes' sign bits masked off, so no carry crosses a lane; the sign bits are then
+ * put back by XOR. Signed overflow shows per lane in (a ^ r) & (b ^ r); overflowing lanes are then
+ * replaced by INT32_MAX or INT32_MIN.
+ *
+ * A separate static function (verified in the caller's context; allowed under the spin lock):
+ * alone, clang keeps its pointers in registers instead of spilling them on every lane. */
+#define LANES_LOW31 0x7fffffff7fffffffULL
+#define LANES_SIGN 0x8000000080000000ULL
+static __noinline __u64 add_saturating(__s32 *slot, __s32 *pkt, __u32 n)
 {
-	__u32 ovf = 0;
+	__u64 *sv = (__u64 *)slot, *pv = (__u64 *)pkt;
+	__u64 ovf = 0;
 	for (__u32 c = 0; c < XAGG_MAX_VALUES / XAGG_CHUNK; c++) {
 		if (c * XAGG_CHUNK >= n)
 			break;
-		__s32 *sv = slot + c * XAGG_CHUNK, *pv = pkt + c * XAGG_CHUNK;
-		for (__u32 j = 0; j < XAGG_CHUNK; j++) {
-			__s32 a = sv[j], b = pv[j];
-			__s32 r = (__s32)((__u32)a + (__u32)b);
-			/* Signed overflow iff a and b share a sign that r lacks; then saturate toward
-			 * that sign: INT32_MAX, or INT32_MIN for negative a. */
-			__u32 o = ((__u32)((a ^ r) & (b ^ r))) >> 31;
-			r ^= (r ^ ((a >> 31) ^ 0x7fffffff)) & -(__s32)o;
-			sv[j] = r;
-			pv[j] = r;
+		for (__u32 j = 0; j < XAGG_CHUNK / 2; j++) {
+			__u32 k = c * (XAGG_CHUNK / 2) + j;
+			__u64 a = sv[k], b = pv[k];
+			__u64 r = ((a & LANES_LOW31) + (b & LANES_LOW31)) ^ ((a ^ b) & LANES_SIGN);
+			__u64 o = (a ^ r) & (b ^ r) & LANES_SIGN;
+			/* Saturate overflowing lanes toward a's sign: 0x7fffffff + sign(a) per lane (no
+			 * carry out of a lane). Branch-free: a branch here multiplies the verifier's
+			 * states by the lanes. */
+			__u64 sat = LANES_LOW31 + ((a >> 31) & 0x0000000100000001ULL);
+			__u64 mask = (o >> 31) * 0xffffffffULL; /* all-ones in overflowing lanes */
+			r ^= (r ^ sat) & mask;
 			ovf |= o;
+			sv[k] = r;
+			pv[k] = r;
 		}
 	}
 	return ovf;
@@ -406,7 +417,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 					sc->vals[c * XAGG_CHUNK + j] = s->vals[c * XAGG_CHUNK + j];
 			}
 		} else {
-			ovf = add_saturating(s->vals, sc->vals, n);
+			ovf = add_saturating(s->vals, sc->vals, n) != 0;
 		}
 		if (ovf)
 			s->flags |= F_OVERFLOW;

@@ -30,7 +30,7 @@
 #ifndef XAGG_CHUNK
 #define XAGG_CHUNK 32
 #endif
-_Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0, "XAGG_CHUNK must divide XAGG_MAX_VALUES");
+_Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0 && XAGG_CHUNK % 2 == 0, "XAGG_CHUNK must be even and divide XAGG_MAX_VALUES");
 /* Values per packet at the standard 1500-byte MTU. */
 #define XAGG_STD_VALUES 360
 
