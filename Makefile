@@ -43,7 +43,7 @@ demo: deps build
 # Side-by-side benchmark (xdpagg, user-space PS, ring, Gloo): table on stdout, bench-out/bench.{json,png}.
 BENCH_FLAGS ?=
 bench: deps-bench build
-	./$(BIN) bench --out bench-out --with-capacity $(BENCH_FLAGS)
+	./$(BIN) bench --out bench-out --with-capacity --mtu 3388 $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin
