@@ -50,6 +50,7 @@ func runDemo(args []string, stdout io.Writer) error {
 		rounds  = fs.Int("rounds", 3, "allreduces to run back to back")
 		pool    = fs.Uint("pool", 4096, "switch aggregator slots")
 		asJSON  = fs.Bool("json", false, "print a JSON report instead of text")
+		mtu     = fs.Int("mtu", 1500, "MTU of the topology's links; packets carry (MTU-60)/4 values, at most 832 (MTU 3388)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -62,6 +63,9 @@ func runDemo(args []string, stdout io.Writer) error {
 	}
 	if *pool == 0 || *pool > loader.MaxPoolSize {
 		return fmt.Errorf("%w: --pool %d: use 1..%d", errUsage, *pool, loader.MaxPoolSize)
+	}
+	if *mtu < 576 || *mtu > 3388 {
+		return fmt.Errorf("%w: --mtu %d: use 576..3388 (the largest frame a veth hands XDP as one buffer)", errUsage, *mtu)
 	}
 	if *rounds < 1 {
 		return fmt.Errorf("%w: --rounds %d: use at least 1", errUsage, *rounds)
@@ -78,15 +82,16 @@ func runDemo(args []string, stdout io.Writer) error {
 	}
 
 	progress("building topology: switch namespace + %d workers + parameter server (veth, native XDP)", *workers)
-	bed, err := testbed.New(testbed.Options{Workers: *workers, Switch: loader.Config{PoolSize: uint32(*pool)}})
+	bed, err := testbed.New(testbed.Options{Workers: *workers, MTU: *mtu, Switch: loader.Config{PoolSize: uint32(*pool)}})
 	if err != nil {
 		return err
 	}
 	defer bed.Close()
 
 	const scaleLog2 = 24
-	rep := demoReport{Workers: *workers, Values: *values, ValuesPerPacket: bpf.StdValues, Rounds: *rounds}
-	rep.Fragments = (*values + bpf.StdValues - 1) / bpf.StdValues
+	k := bed.ValuesPerPacket()
+	rep := demoReport{Workers: *workers, Values: *values, ValuesPerPacket: k, Rounds: *rounds}
+	rep.Fragments = (*values + k - 1) / k
 	rep.ErrorBound = float64(*workers) * math.Ldexp(1, -scaleLog2-1)
 	before, err := bed.Counters()
 	if err != nil {
@@ -158,7 +163,7 @@ func runDemo(args []string, stdout io.Writer) error {
 			d[maps.CntCompleted], rep.Fragments**rounds, 100*rep.InSwitchFraction, d[maps.CntAggregated],
 			d[maps.CntDuplicate], d[maps.CntToPS], d[maps.CntMalformed], rep.Retransmits)
 		fmt.Fprintf(stdout, "best allreduce %.3fs: %.3g aggregated elements/s, %d values per packet\n",
-			best, rep.ElementsPerSec, bpf.StdValues)
+			best, rep.ElementsPerSec, k)
 	}
 	if rep.Wrong > 0 {
 		return errors.New("demo: some elements were wrong")
