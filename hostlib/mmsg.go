@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -40,7 +41,30 @@ type batchConn struct {
 	sn      int
 	serr    syscall.Errno
 	writeFn func(fd uintptr) bool
+	slen    []int // bytes of each queued message
+
+	// UDP GSO (UDP_SEGMENT): flush coalesces runs of queued datagrams into one message each; see
+	// enableGSO. cur/ncur is what doSend sends: smsgs[:sq] or gmsgs[:ng].
+	gso     bool
+	gsoErr  atomic.Pointer[error] // why GSO was turned off (nil: never tried or still on)
+	gsoMsgs atomic.Uint64         // messages sent with more than one segment
+	gmsgs   []unix.Mmsghdr
+	giov    []unix.Iovec
+	gctl    []byte // gctlLen bytes of control data per message
+	gfirst  []int  // first queued message of each coalesced one
+	gcount  []int  // queued messages it carries
+	cur     []unix.Mmsghdr
+	ncur    int
 }
+
+// GSO limits: the kernel's UDP_MAX_SEGMENTS (64 on older kernels, 128 since 6.10) and the largest
+// UDP/IPv4 payload.
+const (
+	gsoMaxSegs  = 64
+	gsoMaxBytes = 0xffff - 20 - 8
+)
+
+var gctlLen = unix.CmsgSpace(2)
 
 // rslot is the receive buffer per datagram: bigger than any valid packet, so an oversized one
 // shows up as such instead of being silently cut to a plausible length (MSG_TRUNC catches the rest).
@@ -104,6 +128,7 @@ func listenBatchOpt(laddr netip.AddrPort, sockBuf, rbatch, sbatch int, reusePort
 	c.smsgs = make([]unix.Mmsghdr, sbatch)
 	c.siov = make([]unix.Iovec, 2*sbatch)
 	c.snames = make([]unix.RawSockaddrInet4, sbatch)
+	c.slen = make([]int, sbatch)
 	for i := range c.smsgs {
 		h := &c.smsgs[i].Hdr
 		h.Iov = &c.siov[2*i]
@@ -207,12 +232,109 @@ func (c *batchConn) queue(to *unix.RawSockaddrInet4, hdr, vals []byte) {
 		}
 	}
 	c.smsgs[i].Hdr.SetIovlen(n)
+	c.slen[i] = len(hdr) + len(vals)
+}
+
+// enableGSO makes flush send runs of consecutive queued datagrams to one destination and of one
+// size (the run's last may be shorter) as single UDP GSO messages, if the kernel knows UDP_SEGMENT.
+// The first GSO send the kernel rejects as unsupported turns GSO off for good; gsoFallback says why.
+func (c *batchConn) enableGSO() {
+	var serr error
+	if err := c.rc.Control(func(fd uintptr) {
+		_, serr = unix.GetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT)
+	}); err != nil {
+		serr = err
+	}
+	if serr != nil {
+		c.disableGSO(fmt.Errorf("UDP_SEGMENT not supported: %w", serr))
+		return
+	}
+	n := len(c.smsgs)
+	c.gmsgs = make([]unix.Mmsghdr, n)
+	c.giov = make([]unix.Iovec, 2*n)
+	c.gctl = make([]byte, n*gctlLen)
+	c.gfirst = make([]int, n)
+	c.gcount = make([]int, n)
+	for j := range c.gmsgs {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&c.gctl[j*gctlLen]))
+		h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+		h.SetLen(unix.CmsgLen(2))
+	}
+	c.gso = true
+}
+
+func (c *batchConn) disableGSO(reason error) {
+	c.gso = false
+	c.gsoErr.Store(&reason)
+}
+
+// gsoState reports whether GSO is on, how many multi-segment messages went out, and why GSO was
+// turned off (nil if it never was).
+func (c *batchConn) gsoState() (on bool, msgs uint64, fallback error) {
+	if p := c.gsoErr.Load(); p != nil {
+		fallback = *p
+	}
+	return fallback == nil && c.gmsgs != nil, c.gsoMsgs.Load(), fallback
+}
+
+// coalesce builds gmsgs from the queued messages from..sq and returns how many it made.
+func (c *batchConn) coalesce(from int) int {
+	ng, k := 0, 0
+	for i := from; i < c.sq; {
+		seg := c.slen[i]
+		n, total := 1, seg
+		for i+n < c.sq && n < gsoMaxSegs && c.snames[i+n] == c.snames[i] {
+			l := c.slen[i+n]
+			if l > seg || l == 0 || total+l > gsoMaxBytes {
+				break
+			}
+			total += l
+			n++
+			if l < seg {
+				break // a shorter datagram ends the run
+			}
+		}
+		m := &c.gmsgs[ng].Hdr
+		m.Name = (*byte)(unsafe.Pointer(&c.snames[i]))
+		m.Namelen = unix.SizeofSockaddrInet4
+		m.Iov = &c.giov[k]
+		niov := 0
+		for q := i; q < i+n; q++ {
+			src := c.smsgs[q].Hdr
+			iov := unsafe.Slice(src.Iov, src.Iovlen)
+			k += copy(c.giov[k:], iov)
+			niov += len(iov)
+		}
+		m.SetIovlen(niov)
+		if n > 1 {
+			ctl := c.gctl[ng*gctlLen:]
+			*(*uint16)(unsafe.Pointer(&ctl[unix.CmsgLen(0)])) = uint16(seg)
+			m.Control = &ctl[0]
+			m.SetControllen(gctlLen)
+		} else {
+			m.Control = nil
+			m.SetControllen(0)
+		}
+		c.gfirst[ng], c.gcount[ng] = i, n
+		ng++
+		i += n
+	}
+	return ng
+}
+
+// gsoUnsupported reports errors that mean the kernel or route cannot do UDP GSO at all.
+func gsoUnsupported(e syscall.Errno) bool {
+	switch e {
+	case unix.EIO, unix.EINVAL, unix.ENOPROTOOPT, unix.EOPNOTSUPP, unix.EMSGSIZE:
+		return true
+	}
+	return false
 }
 
 func (c *batchConn) doSend(fd uintptr) bool {
 	for {
-		n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&c.smsgs[c.soff])),
-			uintptr(c.sq-c.soff), 0, 0, 0)
+		n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&c.cur[c.soff])),
+			uintptr(c.ncur-c.soff), 0, 0, 0)
 		switch e {
 		case unix.EINTR:
 			continue
@@ -229,7 +351,16 @@ func (c *batchConn) doSend(fd uintptr) bool {
 // retransmissions cover losses. It reports how many were refused and the last such error;
 // err is set only if the socket itself failed (closed).
 func (c *batchConn) flush() (refused int, lastErr, err error) {
-	for c.soff = 0; c.soff < c.sq; {
+	from := 0
+	if c.gso {
+		from, refused, lastErr, err = c.flushGSO()
+		if err != nil {
+			c.sq = 0
+			return refused, lastErr, err
+		}
+	}
+	c.cur, c.ncur = c.smsgs, c.sq
+	for c.soff = from; c.soff < c.sq; {
 		if err := c.rc.Write(c.writeFn); err != nil {
 			c.sq = 0
 			return refused, lastErr, err
@@ -244,6 +375,35 @@ func (c *batchConn) flush() (refused int, lastErr, err error) {
 	}
 	c.sq = 0
 	return refused, lastErr, nil
+}
+
+// flushGSO sends the queued batch as coalesced GSO messages. It returns sq when all went out (or
+// were refused), or the first queued message still to send one by one if GSO turned out not to work.
+func (c *batchConn) flushGSO() (next, refused int, lastErr, err error) {
+	c.cur, c.ncur = c.gmsgs, c.coalesce(0)
+	for c.soff = 0; c.soff < c.ncur; {
+		if err := c.rc.Write(c.writeFn); err != nil {
+			return c.sq, refused, lastErr, err
+		}
+		if c.serr != 0 {
+			if c.gcount[c.soff] > 1 && gsoUnsupported(c.serr) {
+				c.disableGSO(fmt.Errorf("UDP GSO send of %d datagrams of %d bytes failed: %w",
+					c.gcount[c.soff], c.slen[c.gfirst[c.soff]], c.serr))
+				return c.gfirst[c.soff], refused, lastErr, nil
+			}
+			refused += c.gcount[c.soff]
+			lastErr = c.serr
+			c.soff++
+			continue
+		}
+		for j := c.soff; j < c.soff+c.sn; j++ {
+			if c.gcount[j] > 1 {
+				c.gsoMsgs.Add(1)
+			}
+		}
+		c.soff += c.sn
+	}
+	return c.sq, refused, lastErr, nil
 }
 
 // sockaddr4 converts an IPv4 address to the kernel's sockaddr_in.

@@ -53,6 +53,10 @@ type WorkerConfig struct {
 	// SocketBuffer sizes SO_RCVBUF/SO_SNDBUF in bytes (default 8 MiB), forced past the sysctl
 	// limits when the process has CAP_NET_ADMIN.
 	SocketBuffer int
+	// NoGSO sends every DATA packet as its own datagram. By default a worker sends runs of
+	// equal-size packets as UDP GSO messages (UDP_SEGMENT) and falls back to per-datagram sends
+	// for good if the kernel refuses them (see Worker.GSO).
+	NoGSO bool
 	// ValuesPerPacket is K, the values one fragment carries: as many as the path MTU holds,
 	// bpf.ValuesForMTU(mtu). Default bpf.StdValues (360, a 1500-byte MTU); at most bpf.MaxValues
 	// (832, MTU 3388). Every worker of a job must use the same K: it decides the fragments.
@@ -141,6 +145,7 @@ type WorkerStats struct {
 	OverflowRepairs  uint64 // fragments whose fixed-point sum saturated, repaired in float32
 	Malformed        uint64 // packets dropped: unparsable, not a result of this job, or disagreeing with the fragment
 	SendErrors       uint64 // DATA packets the kernel refused to send (the retransmit timer covers them)
+	GSOMessages      uint64 // UDP GSO messages sent, each carrying several DATA packets
 }
 
 type workerCounters struct {
@@ -236,6 +241,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	}
 	w.timer.Stop()
 	w.op.ring = make([]fragment, cfg.Window)
+	if !cfg.NoGSO {
+		bc.enableGSO()
+	}
 	go w.receive()
 	return w, nil
 }
@@ -254,7 +262,16 @@ func (w *Worker) Stats() WorkerStats {
 		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
+		GSOMessages: w.bc.gsoMsgs.Load(),
 	}
+}
+
+// GSO reports whether the worker sends its DATA packets with UDP GSO, and, if it turned GSO off
+// after the kernel refused it (no UDP_SEGMENT, or a route or device that cannot segment), why.
+// Both are false/nil with WorkerConfig.NoGSO.
+func (w *Worker) GSO() (on bool, fallback error) {
+	on, _, fallback = w.bc.gsoState()
+	return on, fallback
 }
 
 // Close closes the socket and stops the receive goroutine. A running AllReduce fails with
