@@ -243,6 +243,9 @@ func NewPS(cfg PSConfig) (*PS, error) {
 			}
 			return nil, fmt.Errorf("parameter server, socket %d of %d: %w", i+1, cfg.Shards, err)
 		}
+		// Results to the switch (or to one worker) come in runs of one size: send them with UDP
+		// GSO where the kernel allows, as the worker does.
+		bc.enableGSO()
 		p.socks = append(p.socks, &psSock{bc: bc})
 	}
 	// Several tables per goroutine, so two goroutines rarely want the same one at once.

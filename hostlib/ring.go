@@ -288,6 +288,9 @@ func newRing(cfg RingConfig, dropTx func() bool) (*Ring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ring rank %d: %w", cfg.Rank, err)
 	}
+	// Every data packet goes to the successor at one size: UDP GSO sends runs of them as one
+	// message (falling back for good if the kernel refuses), as the worker does.
+	bc.enableGSO()
 	r := &Ring{
 		cfg:       cfg,
 		w:         w,
