@@ -210,7 +210,9 @@ func TestPSMalformed(t *testing.T) {
 }
 
 func TestPSBoundedMemory(t *testing.T) {
-	b := newPSBench(t, func(c *PSConfig) { c.MaxEntries = 2; c.StaleAfter = time.Millisecond })
+	// StaleAfter well above the time three sends take, even on a loaded machine: the third must
+	// find the table full, not already emptied by eviction.
+	b := newPSBench(t, func(c *PSConfig) { c.MaxEntries = 2; c.StaleAfter = 300 * time.Millisecond })
 	for seq := uint32(0); seq < 3; seq++ {
 		d := dataPkt{job: 5, seq: seq, enc: encFixed32, fan: 2, vals: i32s(1)}
 		b.send(t, d.bytes())
