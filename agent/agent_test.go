@@ -7,33 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 )
-
-func skipIfUnsupported(t *testing.T, what string, err error) {
-	t.Helper()
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("%s: %v", what, err)
-	}
-	if err != nil {
-		t.Fatalf("%s: %+v", what, err)
-	}
-}
-
-// loadSwitch loads a switch with pool slots and closes it at cleanup.
-func loadSwitch(t *testing.T, pool uint32) *loader.Switch {
-	t.Helper()
-	sw, err := loader.Load(loader.Config{PoolSize: pool})
-	skipIfUnsupported(t, "load switch", err)
-	t.Cleanup(func() {
-		if err := sw.Close(); err != nil {
-			t.Errorf("close switch: %v", err)
-		}
-	})
-	return sw
-}
 
 func TestPinDir(t *testing.T) {
 	if got, want := PinDir("", "default"), filepath.Join(DefaultPinRoot, "default"); got != want {
@@ -89,3 +66,11 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("zero switch config: %v", err)
 	}
 }
+
+// loadSwitch loads a switch with pool slots for this package's tests.
+func loadSwitch(t *testing.T, pool uint32) *loader.Switch {
+	t.Helper()
+	return bpftest.LoadSwitch(t, loader.Config{PoolSize: pool})
+}
+
+func skipIfUnsupported(t *testing.T, what string, err error) { t.Helper(); bpftest.Check(t, what, err) }

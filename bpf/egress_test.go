@@ -108,7 +108,7 @@ func testEgressTestRun(t *testing.T) {
 func skipIfNotSupported(t *testing.T, err error) {
 	t.Helper()
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("not supported: %v", err)
+		t.Skipf("kernel lacks a feature (ebpf.ErrNotSupported): %v", err)
 	}
 }
 

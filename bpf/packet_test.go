@@ -309,7 +309,7 @@ func skipIfUnsupported(t *testing.T, what string, err error) {
 		return
 	}
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("%s: %v", what, err)
+		t.Skipf("%s: kernel lacks a feature (ebpf.ErrNotSupported): %v", what, err)
 	}
 	t.Fatalf("%s: %v", what, err)
 }

@@ -17,20 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 )
-
-// skipIfUnsupported skips the test when the kernel lacks a feature the switch needs. Any other
-// error (including a lack of privileges) fails it.
-func skipIfUnsupported(t *testing.T, what string, err error) {
-	t.Helper()
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("%s: %v", what, err)
-	}
-	if err != nil {
-		t.Fatalf("%s: %+v", what, err)
-	}
-}
 
 // load loads a switch with cfg and closes it at cleanup.
 func load(t *testing.T, cfg loader.Config) *loader.Switch {
@@ -522,3 +511,5 @@ func TestPinnedLinks(t *testing.T) {
 		t.Errorf("Close left XDP program %d on ifindex %d", id, b)
 	}
 }
+
+func skipIfUnsupported(t *testing.T, what string, err error) { t.Helper(); bpftest.Check(t, what, err) }

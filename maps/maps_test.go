@@ -15,32 +15,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 )
-
-func skipIfUnsupported(t *testing.T, what string, err error) {
-	t.Helper()
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("%s: %v", what, err)
-	}
-	if err != nil {
-		t.Fatalf("%s: %+v", what, err)
-	}
-}
-
-// load loads a switch with pool slots and closes it at cleanup.
-func load(t *testing.T, pool uint32) *loader.Switch {
-	t.Helper()
-	sw, err := loader.Load(loader.Config{PoolSize: pool})
-	skipIfUnsupported(t, "load switch", err)
-	t.Cleanup(func() {
-		if err := sw.Close(); err != nil {
-			t.Errorf("close switch: %v", err)
-		}
-	})
-	return sw
-}
 
 // bpffsDir mounts a private bpffs in a temporary directory and unmounts it at cleanup.
 func bpffsDir(t *testing.T) string {
@@ -489,3 +467,11 @@ func TestMemberJSONMACs(t *testing.T) {
 		}
 	}
 }
+
+// load loads a switch with pool slots for this package's tests.
+func load(t *testing.T, pool uint32) *loader.Switch {
+	t.Helper()
+	return bpftest.LoadSwitch(t, loader.Config{PoolSize: pool})
+}
+
+func skipIfUnsupported(t *testing.T, what string, err error) { t.Helper(); bpftest.Check(t, what, err) }

@@ -2,16 +2,15 @@ package netns_tests
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/netns_tests/testbed"
@@ -25,12 +24,7 @@ func newBed(t *testing.T, opts testbed.Options) *testbed.Bed {
 	t.Helper()
 	opts.Prefix = topo.NewPrefix()
 	b, err := testbed.New(opts)
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("kernel lacks a feature: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("testbed: %+v", err)
-	}
+	bpftest.Check(t, "testbed", err)
 	t.Cleanup(func() {
 		if err := b.Close(); err != nil {
 			t.Errorf("teardown: %v", err)

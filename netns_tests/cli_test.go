@@ -14,12 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/agent"
 	"github.com/xdpagg/xdpagg/hostlib"
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
 )
@@ -81,14 +81,7 @@ func TestCLISwitchInspect(t *testing.T) {
 	pinRoot := bpffsDir(t)
 
 	// Host-side veth ends need an XDP program so the switch's XDP_TX/redirect frames are accepted.
-	pass, err := loader.Load(loader.Config{PoolSize: 1})
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatalf("%+v", err)
-	}
-	t.Cleanup(func() { pass.Close() })
+	pass := bpftest.LoadSwitch(t, loader.Config{PoolSize: 1})
 	prefix := topo.NewPrefix()
 	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: 2, PS: true, HostXDP: pass.Objects.XdpaggPass})
 	if err != nil {

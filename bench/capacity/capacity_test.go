@@ -19,7 +19,7 @@ func TestMeasure(t *testing.T) {
 	defer cancel()
 	r, err := Measure(ctx, Options{Duration: 200 * time.Millisecond})
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("not supported: %v", err)
+		t.Skipf("kernel lacks a feature (ebpf.ErrNotSupported): %v", err)
 	}
 	if err != nil {
 		t.Fatalf("Measure: %v", err)
@@ -90,7 +90,7 @@ func TestMeasureCancelled(t *testing.T) {
 	cancel()
 	_, err := Measure(ctx, Options{Duration: 100 * time.Millisecond})
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("not supported: %v", err)
+		t.Skipf("kernel lacks a feature (ebpf.ErrNotSupported): %v", err)
 	}
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Measure with a cancelled context: err %v, want context.Canceled", err)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 )
@@ -150,12 +151,7 @@ func pinnedSwitch(t *testing.T, name string, pool uint32) (*loader.Switch, strin
 	}
 	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
 	sw, err := loader.Load(loader.Config{PoolSize: pool})
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("load switch: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("load switch: %+v", err)
-	}
+	bpftest.Check(t, "load switch", err)
 	t.Cleanup(func() {
 		if err := sw.Close(); err != nil {
 			t.Errorf("close switch: %v", err)
@@ -247,10 +243,7 @@ func TestInspectShowsState(t *testing.T) {
 	frame := make([]byte, 64)
 	frame[12], frame[13] = 0x08, 0x06 // ARP: counted as non_agg
 	if _, err := sw.Objects.XdpaggSwitch.Run(&ebpf.RunOptions{Data: frame}); err != nil {
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			t.Skipf("BPF_PROG_TEST_RUN: %v", err)
-		}
-		t.Fatal(err)
+		bpftest.Check(t, "BPF_PROG_TEST_RUN", err)
 	}
 
 	var out bytes.Buffer
