@@ -31,7 +31,9 @@ var (
 
 // Limits of the compiled program, from bpf/xdpagg.h.
 const (
-	MaxPoolSize = 1 << 20
+	// MaxPoolSize bounds the slot array: each slot holds bpf.MaxValues values (about 3.4 KB), so
+	// 128 Ki slots take about 440 MiB of kernel memory.
+	MaxPoolSize = 1 << 17
 	DefaultPort = bpf.DefaultPort
 )
 

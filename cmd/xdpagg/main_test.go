@@ -79,7 +79,7 @@ func TestSwitchFlags(t *testing.T) {
 		{[]string{"--name", "x"}, "--iface is required"},
 		{[]string{"--iface", "p0", "--port", "0"}, "--port 0: use 1..65535"},
 		{[]string{"--iface", "p0", "--port", "65536"}, "--port 65536: use 1..65535"},
-		{[]string{"--iface", "p0", "--pool", "0"}, "--pool 0: use 1..1048576"},
+		{[]string{"--iface", "p0", "--pool", "0"}, "--pool 0: use 1..131072"},
 		{[]string{"--iface", "p0", "--pool", "1048577"}, "--pool 1048577"},
 		{[]string{"--iface", "p0", "stray"}, `unexpected argument "stray"`},
 		{[]string{"stray", "--iface", "p0"}, `unexpected argument "stray"`},
