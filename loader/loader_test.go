@@ -145,7 +145,7 @@ func TestConfigValidate(t *testing.T) {
 		{"pool 0", loader.Config{Port: 1, PoolSize: 0, SlotTimeout: time.Second},
 			[]string{"pool size 0", "use 1..131072 slots"}},
 		{"pool too big", loader.Config{Port: 1, PoolSize: loader.MaxPoolSize + 1, SlotTimeout: time.Second},
-			[]string{"pool size 1048577", "use 1..131072 slots"}},
+			[]string{"pool size 131073", "use 1..131072 slots"}},
 		{"tiny slot timeout", loader.Config{Port: 1, PoolSize: 8, SlotTimeout: 999 * time.Microsecond},
 			[]string{"slot timeout 999µs", "at least 1ms"}},
 		{"negative slot timeout", loader.Config{Port: 1, PoolSize: 8, SlotTimeout: -time.Second},
