@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 )

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
