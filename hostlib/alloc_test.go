@@ -12,9 +12,6 @@ import (
 // The PS keeps each result for ResultTTL before recycling its entry, so a short TTL and a warm-up
 // bring it to its steady state, where entries come from the free list.
 func TestAllReduceAllocs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
-	}
 	c := newCluster(t, clusterOpts{w: 1, psConfig: func(c *PSConfig) { c.ResultTTL = time.Millisecond }})
 	data := make([]float32, 20*K)
 	for i := range data {

@@ -319,9 +319,6 @@ func TestRingCanceledAndClosed(t *testing.T) {
 
 // A warmed-up AllReduce allocates nothing per packet.
 func TestRingAllocs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
-	}
 	const w = 2
 	rings := newRings(t, w, 0, nil)
 	in, _ := tensors(w, 20*360, 1, uniform)
