@@ -236,6 +236,16 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 		modes[name] = m
 	}
 
+	defer func() {
+		// The fast path's kernel features, reported with the figures they shaped.
+		if len(bed.Workers) > 0 {
+			if on, why := bed.Workers[0].GSO(); on {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d: workers send with UDP GSO", w))
+			} else {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d: UDP GSO off: %v", w, why))
+			}
+		}
+	}()
 	for _, bytes := range opts.Bytes {
 		n := bytes / 4
 		pristine, ref := makeInputs(w, n, uint64(w)<<32|uint64(n))

@@ -40,6 +40,7 @@ type demoReport struct {
 	InSwitchFraction float64           `json:"in_switch_fraction"`
 	Counters         map[string]uint64 `json:"switch_counters"`
 	Retransmits      uint64            `json:"worker_retransmits"`
+	Transport        string            `json:"worker_transport"`
 }
 
 func runDemo(args []string, stdout io.Writer) error {
@@ -150,6 +151,11 @@ func runDemo(args []string, stdout io.Writer) error {
 		rep.Retransmits += w.Stats().Retransmits
 	}
 
+	if on, why := bed.Workers[0].GSO(); on {
+		rep.Transport = "UDP GSO"
+	} else {
+		rep.Transport = fmt.Sprintf("one datagram per send (UDP GSO off: %v)", why)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -162,8 +168,8 @@ func runDemo(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "switch: %d of %d fragments summed in-switch (%.2f%%); aggregated %d packets, duplicates %d, to PS %d, malformed %d; %d worker retransmits\n",
 			d[maps.CntCompleted], rep.Fragments**rounds, 100*rep.InSwitchFraction, d[maps.CntAggregated],
 			d[maps.CntDuplicate], d[maps.CntToPS], d[maps.CntMalformed], rep.Retransmits)
-		fmt.Fprintf(stdout, "best allreduce %.3fs: %.3g aggregated elements/s, %d values per packet\n",
-			best, rep.ElementsPerSec, k)
+		fmt.Fprintf(stdout, "best allreduce %.3fs: %.3g aggregated elements/s, %d values per packet, workers send with %s\n",
+			best, rep.ElementsPerSec, k, rep.Transport)
 	}
 	if rep.Wrong > 0 {
 		return errors.New("demo: some elements were wrong")
