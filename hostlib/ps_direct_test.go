@@ -100,22 +100,7 @@ func BenchmarkPSDirect(b *testing.B) {
 	for _, w := range []int{1, 4} {
 		b.Run(fmt.Sprintf("W=%d", w), func(b *testing.B) {
 			c := newDirectCluster(b, w, 0)
-			orig, _ := tensors(w, 1<<20, 1, uniform)
-			in := make([][]float32, w)
-			for i := range in {
-				in[i] = make([]float32, len(orig[i]))
-			}
-			b.SetBytes(4 << 20)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				for j := range in {
-					copy(in[j], orig[j])
-				}
-				if err := c.allReduce(context.Background(), in); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchAllReduce(b, w, c.allReduce)
 		})
 	}
 }

@@ -361,22 +361,7 @@ func BenchmarkRingAllReduce(b *testing.B) {
 	for _, w := range []int{2, 4} {
 		b.Run(fmt.Sprintf("W=%d", w), func(b *testing.B) {
 			rings := newRings(b, w, 0, nil)
-			orig, _ := tensors(w, 1<<20, 1, uniform)
-			in := make([][]float32, w)
-			for i := range in {
-				in[i] = make([]float32, len(orig[i]))
-			}
-			b.SetBytes(4 << 20)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				for j := range in {
-					copy(in[j], orig[j])
-				}
-				if err := ringAllReduce(context.Background(), rings, in); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchAllReduce(b, w, func(ctx context.Context, in [][]float32) error { return ringAllReduce(ctx, rings, in) })
 		})
 	}
 }
