@@ -505,24 +505,15 @@ func mkVals(n int, f func(i int) int32) []int32 {
 func sum(a, b []int32) []int32 {
 	out := make([]int32, len(a))
 	for i := range a {
-		out[i] = satAdd(a[i], b[i])
+		out[i], _ = wrapAddOvf(a[i], b[i])
 	}
 	return out
 }
 
-// satAdd is int32 addition saturating at INT32_MAX / INT32_MIN, and whether it saturated.
-func satAdd(a, b int32) int32 {
-	r, _ := satAddOvf(a, b)
-	return r
-}
-
-func satAddOvf(a, b int32) (int32, bool) {
+// wrapAddOvf is the switch's int32 addition: two's-complement wrap-around, and whether it
+// overflowed. The switch only flags an overflow (the sum is then invalid whatever it holds and is
+// repaired at the PS), so it need not saturate.
+func wrapAddOvf(a, b int32) (int32, bool) {
 	r := int64(a) + int64(b)
-	switch {
-	case r > math.MaxInt32:
-		return math.MaxInt32, true
-	case r < math.MinInt32:
-		return math.MinInt32, true
-	}
-	return int32(r), false
+	return int32(r), r > math.MaxInt32 || r < math.MinInt32
 }

@@ -77,7 +77,7 @@ struct {
 	__type(value, struct counters);
 } counters SEC(".maps");
 
-/* One-entry per-CPU scratch for fragment values (1440 bytes: too big for the 512-byte stack). */
+/* One-entry per-CPU scratch for the partial last chunk of a fragment (zero-padded to a chunk). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -231,50 +231,101 @@ static __always_inline int broadcast(struct counters *ctr)
 /* What the locked section decided. */
 enum data_verdict {
 	V_AGGREGATED = 0, /* summed, waiting for more */
-	V_COMPLETED,      /* summed and complete: scratch holds the sum */
+	V_COMPLETED,      /* summed and complete: packet (+ scratch tail) holds the sum */
 	V_DUPLICATE,
 	V_COLLISION,
-	V_SHADOW,         /* slot already complete: scratch holds the sum for this one worker */
+	V_SHADOW,         /* slot already complete: packet (+ scratch tail) holds the sum for this one worker */
 	V_TO_PS,          /* resend without a matching slot */
 	V_MALFORMED,
 };
 
-/* slot[i] = pkt[i] = slot[i] + pkt[i] with int32 saturation over the chunks that hold n values;
- * returns nonzero if any lane saturated.
+/* The value passes over a fragment's full chunks, read and written in place in the (linear)
+ * packet. The last partial chunk, if any, goes through the per-CPU scratch instead (zero-padded
+ * to a whole chunk), because a direct access must be proven in bounds chunk by chunk.
  *
- * SWAR: two int32 lanes per 64-bit word (BPF has no SIMD). The low 31 bits of both lanes are
+ * SWAR add: two int32 lanes per 64-bit word (BPF has no SIMD). The low 31 bits of both lanes are
  * added with the lanes' sign bits masked off, so no carry crosses a lane; the sign bits are then
- * put back by XOR. Signed overflow shows per lane in (a ^ r) & (b ^ r); overflowing lanes are then
- * replaced by INT32_MAX or INT32_MIN.
+ * put back by XOR. Signed overflow of a lane shows in the sign bit of (a ^ r) & (b ^ r); it is
+ * OR-ed into a sticky word rather than saturated per lane: a fragment that overflowed anywhere is
+ * not a valid sum whatever its lanes hold (F_OVERFLOW; workers repair it at the PS), so the
+ * switch only has to notice, which halves the work per value.
  *
- * A separate static function (verified in the caller's context; allowed under the spin lock):
- * alone, clang keeps its pointers in registers instead of spilling them on every lane. */
+ * Separate static functions (verified in the caller's context; allowed under the spin lock):
+ * alone, clang keeps their pointers in registers instead of spilling them on every lane. */
 #define LANES_LOW31 0x7fffffff7fffffffULL
 #define LANES_SIGN 0x8000000080000000ULL
-static __noinline __u64 add_saturating(__s32 *slot, __s32 *pkt, __u32 n)
+#define CHUNK_WORDS (XAGG_CHUNK / 2)
+#define CHUNK_BYTES (XAGG_CHUNK * 4)
+#define MAX_CHUNKS (XAGG_MAX_VALUES / XAGG_CHUNK)
+
+static __always_inline __u64 lane_add(__u64 a, __u64 b, __u64 *ovf)
 {
-	__u64 *sv = (__u64 *)slot, *pv = (__u64 *)pkt;
+	__u64 r = ((a & LANES_LOW31) + (b & LANES_LOW31)) ^ ((a ^ b) & LANES_SIGN);
+	*ovf |= (a ^ r) & (b ^ r);
+	return r;
+}
+
+/* slot += packet over the first nfull chunks; when out, packet = the new slot as well (the
+ * completing contribution carries the sum out). Returns overflow bits (nonzero: overflowed). */
+static __noinline __u64 add_packet(__u64 *sv, void *pv0, void *end, __u32 nfull, __u32 out)
+{
 	__u64 ovf = 0;
-	for (__u32 c = 0; c < XAGG_MAX_VALUES / XAGG_CHUNK; c++) {
-		if (c * XAGG_CHUNK >= n)
+	for (__u32 c = 0; c < MAX_CHUNKS; c++) {
+		if (c >= nfull)
 			break;
-		for (__u32 j = 0; j < XAGG_CHUNK / 2; j++) {
-			__u32 k = c * (XAGG_CHUNK / 2) + j;
-			__u64 a = sv[k], b = pv[k];
-			__u64 r = ((a & LANES_LOW31) + (b & LANES_LOW31)) ^ ((a ^ b) & LANES_SIGN);
-			__u64 o = (a ^ r) & (b ^ r) & LANES_SIGN;
-			/* Saturate overflowing lanes toward a's sign: 0x7fffffff + sign(a) per lane (no
-			 * carry out of a lane). Branch-free: a branch here multiplies the verifier's
-			 * states by the lanes. */
-			__u64 sat = LANES_LOW31 + ((a >> 31) & 0x0000000100000001ULL);
-			__u64 mask = (o >> 31) * 0xffffffffULL; /* all-ones in overflowing lanes */
-			r ^= (r ^ sat) & mask;
-			ovf |= o;
-			sv[k] = r;
-			pv[k] = r;
+		__u64 *pv = pv0 + c * CHUNK_BYTES;
+		if ((void *)(pv + CHUNK_WORDS) > end)
+			break; /* cannot happen: parse checked the lengths; proves the access */
+		__u64 *s = sv + c * CHUNK_WORDS;
+		if (out) {
+			#pragma unroll
+			for (__u32 j = 0; j < CHUNK_WORDS; j++) {
+				__u64 r = lane_add(s[j], pv[j], &ovf);
+				s[j] = r;
+				pv[j] = r;
+			}
+		} else {
+			#pragma unroll
+			for (__u32 j = 0; j < CHUNK_WORDS; j++)
+				s[j] = lane_add(s[j], pv[j], &ovf);
 		}
 	}
-	return ovf;
+	return ovf & LANES_SIGN;
+}
+
+/* slot (the tail chunk) += scratch, and scratch = the new slot. Returns overflow bits. */
+static __noinline __u64 add_tail(__u64 *sv, __u64 *tv)
+{
+	__u64 ovf = 0;
+	#pragma unroll
+	for (__u32 j = 0; j < CHUNK_WORDS; j++) {
+		__u64 r = lane_add(sv[j], tv[j], &ovf);
+		sv[j] = r;
+		tv[j] = r;
+	}
+	return ovf & LANES_SIGN;
+}
+
+/* dst = src over the first nfull chunks, one of them in the packet (direction by to_packet). */
+static __always_inline void copy_packet(__u64 *sv, void *pv0, void *end, __u32 nfull, int to_packet)
+{
+	for (__u32 c = 0; c < MAX_CHUNKS; c++) {
+		if (c >= nfull)
+			break;
+		__u64 *pv = pv0 + c * CHUNK_BYTES;
+		if ((void *)(pv + CHUNK_WORDS) > end)
+			break;
+		__u64 *s = sv + c * CHUNK_WORDS;
+		if (to_packet) {
+			#pragma unroll
+			for (__u32 j = 0; j < CHUNK_WORDS; j++)
+				pv[j] = s[j];
+		} else {
+			#pragma unroll
+			for (__u32 j = 0; j < CHUNK_WORDS; j++)
+				s[j] = pv[j];
+		}
+	}
 }
 
 static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr, struct pkt *p)
@@ -293,26 +344,60 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	if (h->encoding != ENC_FIXED32 || (h->flags & F_COLLISION))
 		return to_ps(ctr, p, 0); /* float repair traffic, or already diverted upstream */
 
+	__u32 n = h->count;
+	if (n == 0 || n > XAGG_MAX_VALUES)
+		goto malformed;
+	/* Full chunks are summed in place in the packet; the partial last chunk (ntail values) goes
+	 * through the scratch, zero-padded so the slot's tail lanes stay zero. */
+	__u32 nfull = n / XAGG_CHUNK;
+	__u32 ntail = n % XAGG_CHUNK;
 	__u32 zero = 0;
 	struct scratch *sc = bpf_map_lookup_elem(&scratch_buf, &zero);
 	if (!sc)
 		return XDP_ABORTED;
-	__u32 n = h->count;
-	if (n == 0 || n > XAGG_MAX_VALUES)
+	__u32 tail_off = OFF_VALS + nfull * CHUNK_BYTES;
+	__u32 tail_len = ntail * 4;
+	/* Keep clang from re-deriving these from the unchecked count: the verifier must see the
+	 * bounds on the very registers used below. */
+	asm volatile("" : "+r"(tail_len));
+	asm volatile("" : "+r"(nfull));
+	if (nfull > MAX_CHUNKS || tail_len >= sizeof(sc->vals))
 		goto malformed;
-	__u32 len = n * 4;
-	/* Keep clang from re-deriving len from the unchecked count: the verifier must see the bound
-	 * on the very register passed to the helper. */
-	asm volatile("" : "+r"(len));
-	if (len == 0 || len > sizeof(sc->vals))
-		goto malformed;
-	if (bpf_xdp_load_bytes(ctx, OFF_VALS, sc->vals, len))
+	if (tail_len) {
+		__u64 *t = (__u64 *)sc->vals;
+		for (__u32 j = 0; j < CHUNK_WORDS; j++)
+			t[j] = 0;
+		/* 64-bit, opaque to clang, and two separate checks: clang must neither drop the zero
+		 * check (it knows tail_len != 0 here) nor merge both into one wrapping compare on a
+		 * copy of the register, which the verifier cannot follow to the helper's argument. */
+		__u64 len = tail_len;
+		asm volatile("" : "+r"(len));
+		if (len == 0)
+			goto malformed;
+		asm volatile("" : "+r"(len));
+		if (len >= sizeof(sc->vals))
+			goto malformed;
+		if (bpf_xdp_load_bytes(ctx, tail_off, sc->vals, len))
+			goto malformed;
+	}
+	/* Packet pointers after the helper call: re-derive them (load_bytes does not move data, but
+	 * the verifier forgets packet ranges across helpers that may). */
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	void *pv = data + OFF_VALS;
+	if (pv > data_end)
 		goto malformed;
 
 	__u32 idx = h->agg_index;
 	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
 	if (!s)
 		goto malformed;
+	/* The slot lanes of the tail chunk. */
+	__u64 tail_word = ntail ? nfull * CHUNK_WORDS : 0; /* nfull < MAX_CHUNKS when there is a tail */
+	asm volatile("" : "+r"(tail_word)); /* check the register that indexes */
+	if (tail_word > (XAGG_MAX_VALUES - XAGG_CHUNK) / 2)
+		goto malformed;
+	__u64 *stail = (__u64 *)s->vals + tail_word;
 
 	__u64 now = bpf_ktime_get_ns();
 	__u32 job = h->job_id, seq = h->seq;
@@ -323,20 +408,8 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	__u16 out_flags = 0;
 	int reclaimed = 0;
 
-	/* Zero the scratch past this fragment's values up to the end of its last chunk, so the
-	 * chunked value loop below adds zeros there (slot tails stay zero: they were copied from a
-	 * zeroed scratch). */
-	__u32 tail = n & ~(XAGG_CHUNK - 1);
-	asm volatile("" : "+r"(tail)); /* bound-check the very register used to index below */
-	if (tail <= XAGG_MAX_VALUES - XAGG_CHUNK) {
-		for (__u32 j = 0; j < XAGG_CHUNK; j++) {
-			if (tail + j >= n)
-				sc->vals[tail + j] = 0;
-		}
-	}
-
 	/* Which value pass the locked section runs over the fragment's chunks. */
-	enum { PASS_NONE, PASS_COPY, PASS_READ, PASS_ADD } run = PASS_NONE;
+	enum { PASS_NONE, PASS_COPY, PASS_READ, PASS_ADD, PASS_ADD_OUT } run = PASS_NONE;
 
 	bpf_spin_lock(&s->lock);
 	int match = s->state != SLOT_FREE && s->job_id == job && s->seq == seq;
@@ -392,8 +465,14 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		s->counter++;
 		s->flags |= pkt_flags;
 		s->ts_ns = now;
-		run = PASS_ADD; /* slot = packet = slot + packet, saturating */
 		verdict = V_AGGREGATED;
+		/* Complete when every contributor is in: bits, not packets, since a packet may carry
+		 * a partial aggregate of several workers. Known before adding, so only the completing
+		 * contribution pays for writing the sum into its packet. */
+		if ((__u32)__builtin_popcount(s->bitmap) >= s->fan_in)
+			run = PASS_ADD_OUT; /* slot = packet = slot + packet */
+		else
+			run = PASS_ADD; /* slot += packet */
 	}
 
 	if (run != PASS_NONE) {
@@ -401,28 +480,28 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		 * pipeline stage does the same fixed work per pass). Only the outer loop exits early,
 		 * once per chunk, which keeps the verifier's path count at MAX/CHUNK instead of one per
 		 * value. One loop per pass kind keeps each body minimal: this is the hot path. */
-		__u32 ovf = 0;
+		__u64 ovf = 0;
 		if (run == PASS_COPY) {
-			for (__u32 c = 0; c < XAGG_MAX_VALUES / XAGG_CHUNK; c++) {
-				if (c * XAGG_CHUNK >= n)
-					break;
-				for (__u32 j = 0; j < XAGG_CHUNK; j++)
-					s->vals[c * XAGG_CHUNK + j] = sc->vals[c * XAGG_CHUNK + j];
+			copy_packet((__u64 *)s->vals, pv, data_end, nfull, 0);
+			if (tail_len) {
+				__u64 *t = (__u64 *)sc->vals;
+				for (__u32 j = 0; j < CHUNK_WORDS; j++)
+					stail[j] = t[j];
 			}
 		} else if (run == PASS_READ) {
-			for (__u32 c = 0; c < XAGG_MAX_VALUES / XAGG_CHUNK; c++) {
-				if (c * XAGG_CHUNK >= n)
-					break;
-				for (__u32 j = 0; j < XAGG_CHUNK; j++)
-					sc->vals[c * XAGG_CHUNK + j] = s->vals[c * XAGG_CHUNK + j];
+			copy_packet((__u64 *)s->vals, pv, data_end, nfull, 1);
+			if (tail_len) {
+				__u64 *t = (__u64 *)sc->vals;
+				for (__u32 j = 0; j < CHUNK_WORDS; j++)
+					t[j] = stail[j];
 			}
 		} else {
-			ovf = add_saturating(s->vals, sc->vals, n) != 0;
+			ovf = add_packet((__u64 *)s->vals, pv, data_end, nfull, run == PASS_ADD_OUT);
+			if (tail_len)
+				ovf |= add_tail(stail, (__u64 *)sc->vals);
 		}
 		if (ovf)
 			s->flags |= F_OVERFLOW;
-		/* Complete when every contributor is in: bits, not packets, since a packet may carry
-		 * a partial aggregate of several workers. */
 		if (verdict == V_AGGREGATED && (__u32)__builtin_popcount(s->bitmap) >= s->fan_in) {
 			s->state = SLOT_COMPLETE;
 			verdict = V_COMPLETED;
@@ -454,8 +533,19 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		break;
 	}
 
-	if (bpf_xdp_store_bytes(ctx, OFF_VALS, sc->vals, len))
-		return XDP_ABORTED;
+	/* The full chunks already hold the sum; the tail comes from the scratch. A completing
+	 * PASS_COPY (a partial aggregate that completes alone) already carries the sum. */
+	if (tail_len) {
+		__u64 len = tail_len;
+		asm volatile("" : "+r"(len));
+		if (len == 0)
+			return XDP_ABORTED;
+		asm volatile("" : "+r"(len));
+		if (len >= sizeof(sc->vals))
+			return XDP_ABORTED;
+		if (bpf_xdp_store_bytes(ctx, tail_off, sc->vals, len))
+			return XDP_ABORTED;
+	}
 	/* store_bytes may move packet data: re-derive the header pointers with fresh checks. */
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
 	struct pkt q;

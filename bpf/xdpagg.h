@@ -188,9 +188,9 @@ struct counters {
 	__u64 cnt[CNT_MAX];
 };
 
-/* Per-CPU scratch for moving fragment values between packet and slot (too big for the stack). */
+/* Per-CPU scratch for the partial last chunk of a fragment (full chunks are summed in the packet). */
 struct scratch {
-	__s32 vals[XAGG_MAX_VALUES];
+	__s32 vals[XAGG_CHUNK];
 };
 
 #endif /* __XDPAGG_H */

@@ -138,7 +138,7 @@ const (
 
 type XdpaggScratch struct {
 	_    structs.HostLayout
-	Vals [832]int32
+	Vals [32]int32
 }
 
 type XdpaggSlot struct {

@@ -341,7 +341,7 @@ func TestSwitchScenarios(t *testing.T) {
 	// 10: overflow.
 	o0 := dataFrame(9, 1, 1, 0, 2, math.MaxInt32-10, math.MinInt32+10, 5, math.MaxInt32, math.MinInt32, -7)
 	o1 := dataFrame(9, 1, 1, 1, 2, 100, -100, -5, 1, math.MinInt32, 3)
-	oSum := []int32{math.MaxInt32, math.MinInt32, 0, math.MaxInt32, math.MinInt32, -4}
+	oSum := sum(o0.Vals, o1.Vals) // wrapped where it overflowed: the flag marks the sum invalid
 
 	// 12: results from the PS.
 	p0 := dataFrame(3, 9, 5, 0, 2, 4, 5)
@@ -485,9 +485,9 @@ func TestSwitchScenarios(t *testing.T) {
 			{name: "float32 sent without UDP checksum", in: w0.with(func(f *frame) { f.Hdr.Encoding = encFloat32; f.NoUDPCsum = true }), verdict: xdpPass,
 				want: ptr(w0.with(func(f *frame) { f.Hdr.Encoding = encFloat32; f.NoUDPCsum = true })), delta: cnt{rx: 1, tops: 1}, idx: 3, slot: &slotView{}},
 		}},
-		{name: "overflow saturates and is flagged", steps: []step{
+		{name: "overflow wraps and is flagged", steps: []step{
 			{name: "worker 0", in: o0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}, idx: 1, slot: aggregating(9, 1, 1, 1, 2, 6, 0), vals: o0.Vals},
-			{name: "worker 1 completes, saturated", in: o1, verdict: xdpRedirect, want: ptr(asResult(o1, 3, fFromSwitch|fOverflow, oSum)),
+			{name: "worker 1 completes, overflowed", in: o1, verdict: xdpRedirect, want: ptr(asResult(o1, 3, fFromSwitch|fOverflow, oSum)),
 				delta: cnt{rx: 1, agg: 1, done: 1, ovf: 1}, idx: 1, slot: complete(9, 1, 3, 2, 2, 6, fOverflow), vals: oSum},
 			{name: "shadow copy keeps F_OVERFLOW", in: o1.with(flags(fResend)), verdict: xdpTX,
 				want:  ptr(asShadow(o1.with(flags(fResend)), 3, fFromSwitch|fShadow|fOverflow, oSum)),

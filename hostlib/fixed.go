@@ -9,7 +9,7 @@ import (
 // the switch can add with integer ALUs (an XDP program, like a switch pipeline, has no FPU).
 //
 // Error bound. Each worker's Quantize is off by at most 2^-(scale+1) (half a unit of the last
-// place, when it reports ok). The switch's int32 sum is exact unless it saturates, and a saturated
+// place, when it reports ok). The switch's int32 sum is exact unless it overflows, and an overflowed
 // sum is flagged F_OVERFLOW and repaired in float32 by the PS, so it never reaches Dequantize.
 // Dequantize scales exactly in float64 and rounds once to float32. So for W workers:
 //

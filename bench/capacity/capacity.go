@@ -72,6 +72,12 @@ type Options struct {
 	// Window is how many consecutive fragments each worker sends before the next worker's
 	// turn (default 128); the job cycles through 2*Window slots, as SwitchML's pool does.
 	Window int
+	// Gradient makes the frames carry a nonzero gradient. The generator must then restore the
+	// values of every frame that came back as a result (a 4*Values-byte copy into a cold page
+	// per completion, charged to the switch). By default the values are zero, whose sum is
+	// zero, so no restore is needed; the adder is branch-free, so its work does not depend on
+	// the values.
+	Gradient bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -334,7 +340,10 @@ func (b *bench) setup() error {
 		}
 	}
 	b.ingress = b.topo.Workers[0].PortIndex
-	b.vals = gradient(b.opt.Values)
+	b.vals = make([]int32, b.opt.Values)
+	if b.opt.Gradient {
+		b.vals = gradient(b.opt.Values)
+	}
 	var err error
 	b.frame, err = b.dataFrame(b.opt.Workers)
 	return err
@@ -537,6 +546,9 @@ func (b *bench) prepare(next *ebpf.Program, workers, fanIn, slots int) error {
 	cfg := XdptxGenCfg{
 		Workers: uint32(workers), FanIn: uint32(fanIn), Window: uint32(b.opt.Window),
 		Slots: uint32(slots), SeqBase: seqBase, Nvals: uint32(b.opt.Values),
+	}
+	if b.opt.Gradient {
+		cfg.Restore = 1
 	}
 	if len(cfg.Vals) < b.opt.Values {
 		return fmt.Errorf("%w: %d values per packet: the generator holds at most %d", ErrOptions, b.opt.Values, len(cfg.Vals))

@@ -42,6 +42,7 @@ struct gen_cfg {
 	__u32 slots;       /* agg_index = fragment mod slots */
 	__u32 seq_base;    /* seq of fragment 0 */
 	__u32 nvals;       /* values per frame (hdr.count) */
+	__u32 restore;     /* nonzero: restore vals in frames that came back as results (else all zero) */
 	__s32 vals[GEN_MAX_VALUES]; /* values restored into frames the switch turned into results */
 };
 
@@ -115,9 +116,10 @@ int xdp_gen(struct xdp_md *ctx)
 		return XDP_ABORTED;
 
 	/* A frame the switch completed comes back (recycled page, or the same buffer without live
-	 * frames) as a RESULT holding the sum: restore its values as well as its headers. */
+	 * frames) as a RESULT holding the sum: restore its values as well as its headers, unless the
+	 * values are all zero (their sum is zero too). */
 	struct hdr *h = data + OFF_HDR;
-	int restore = h->type != MSG_DATA;
+	int restore = cfg->restore && h->type != MSG_DATA;
 
 	__u64 *dst = data;
 	__u64 *src = (__u64 *)cfg->tmpl;

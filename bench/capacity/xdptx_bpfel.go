@@ -22,6 +22,7 @@ type XdptxGenCfg struct {
 	Slots   uint32
 	SeqBase uint32
 	Nvals   uint32
+	Restore uint32
 	Vals    [1024]int32
 }
 

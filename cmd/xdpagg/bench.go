@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/xdpagg/xdpagg/bench"
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/bench/capacity"
 )
 
@@ -91,7 +92,12 @@ func runBench(args []string, stdout io.Writer) error {
 		if opts.Progress != nil {
 			fmt.Fprint(os.Stderr, "\r\033[Kmeasuring switch capacity ...")
 		}
-		c, err := capacity.Measure(ctx, capacity.Options{})
+		// The packets the topology's MTU carries: the switch's work per packet scales with it.
+		copts := capacity.Options{}
+		if *mtu > 0 {
+			copts.Values = bpf.ValuesForMTU(*mtu)
+		}
+		c, err := capacity.Measure(ctx, copts)
 		if opts.Progress != nil {
 			fmt.Fprint(os.Stderr, "\r\033[K")
 		}
