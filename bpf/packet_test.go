@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -324,8 +325,40 @@ func load(t *testing.T, timeout time.Duration) *sw {
 		}
 	})
 	e := &sw{Switch: s}
+	enroll(t, s.Maps, loIfindex, testJobs...)
+	enroll(t, s.Maps, otherPortIfindex, otherPortJob)
 	e.base = e.counters(t)
 	return e
+}
+
+// loIfindex is the ingress ifindex BPF_PROG_TEST_RUN gives a frame run without a context: the
+// loopback device of the caller's namespace.
+const loIfindex = 1
+
+// testJobs are the job ids the tests send as; unenrolledJob is one nobody joined.
+var testJobs = []uint32{1, 2, 3, 4, 5, 7, 8, 9, 0x01020304}
+
+const (
+	unenrolledJob = 66
+	// otherPortJob's workers joined behind switch port otherPortIfindex, not the test's ingress.
+	otherPortJob     = 6
+	otherPortIfindex = 999
+)
+
+// enroll lets workers 0..MaxWorkers-1 of each job contribute from workerIP(w):workerPort(w)
+// through switch port ifindex, and makes psIP each job's PS: what JOIN sets up in production.
+func enroll(t testing.TB, m *maps.Maps, ifindex uint32, jobs ...uint32) {
+	t.Helper()
+	for _, job := range jobs {
+		for w := range uint8(bpf.MaxWorkers) {
+			if err := m.PutWorker(job, w, netip.AddrPortFrom(netip.AddrFrom4(workerIP(w)), workerPort(w)), ifindex); err != nil {
+				t.Fatalf("enroll: %v", err)
+			}
+		}
+		if err := m.PutJob(job, netip.AddrFrom4(psIP), 0); err != nil {
+			t.Fatalf("enroll: %v", err)
+		}
+	}
 }
 
 func (s *sw) counters(t *testing.T) maps.Counters {

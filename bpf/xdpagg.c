@@ -29,7 +29,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Runtime configuration, set by the loader through VariableSpec.Set before load. */
 volatile const __u16 agg_port = XAGG_DEFAULT_PORT;  /* UDP port of xdpagg traffic, host order */
 volatile const __u32 pool_size = 1;                 /* slots in `slots`; agg_index must be below */
-volatile const __u64 slot_timeout_ns = 5000000000ULL; /* idle age after which a completed slot may be taken by anyone */
+volatile const __u64 slot_timeout_ns = 5000000000ULL; /* idle age after which any slot may be taken by anyone */
+volatile const __u32 cache_results = 0; /* nonzero: copy every completed sum to `results` (agent's retransmit cache) */
 
 #ifndef XAGG_POOL_SIZE
 #define XAGG_POOL_SIZE 4096 /* default max_entries of `slots`; the loader sets the real pool size */
@@ -39,6 +40,12 @@ volatile const __u64 slot_timeout_ns = 5000000000ULL; /* idle age after which a 
 #endif
 #ifndef XAGG_MAX_MEMBERS
 #define XAGG_MAX_MEMBERS 4096
+#endif
+#ifndef XAGG_MAX_JOBS
+#define XAGG_MAX_JOBS 1024
+#endif
+#ifndef XAGG_RESULTS_RING
+#define XAGG_RESULTS_RING (8 << 20) /* bytes: about 2,400 results of 832 values */
 #endif
 
 /* Aggregator pool. Key: agg_index (u32, host order). Value: struct slot (host order, spin-locked). */
@@ -66,6 +73,32 @@ struct {
 	__type(key, struct member_key);
 	__type(value, struct member);
 } members SEC(".maps");
+
+/* Job contributors, for the ingress membership check. Key: struct worker_key (host order). Value:
+ * struct worker (address and port in network order, ifindex host order). Written by the control
+ * plane. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XAGG_MAX_MEMBERS);
+	__type(key, struct worker_key);
+	__type(value, struct worker);
+} workers SEC(".maps");
+
+/* Jobs. Key: job_id (u32, host order). Value: struct job (ps_ip network order). Written by the
+ * control plane. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XAGG_MAX_JOBS);
+	__type(key, __u32);
+	__type(value, struct job);
+} jobs SEC(".maps");
+
+/* Completed in-switch sums for the agent's retransmit cache (when cache_results is set): records
+ * of struct result_rec (header little-endian as on the wire). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, XAGG_RESULTS_RING);
+} results SEC(".maps");
 
 /* Verdict counters. Key: 0 (one entry). Value: struct counters per CPU, indexed by enum counter,
  * host order. One entry, looked up once per packet: a switch touches each register array once per
@@ -237,6 +270,7 @@ enum data_verdict {
 	V_SHADOW,         /* slot already complete: packet (+ scratch tail) holds the sum for this one worker */
 	V_TO_PS,          /* resend without a matching slot */
 	V_MALFORMED,
+	V_FLUSH,          /* resend on a half-filled slot: packet = its partial aggregate, to the PS; slot freed */
 };
 
 /* The value passes over a fragment's full chunks, read and written in place in the (linear)
@@ -328,6 +362,26 @@ static __always_inline void copy_packet(__u64 *sv, void *pv0, void *end, __u32 n
 	}
 }
 
+/* Copy the result in the packet (header + n values) to the agent's retransmit cache. */
+static __always_inline void cache_result(struct xdp_md *ctx, struct counters *ctr, __u32 n)
+{
+	struct result_rec *rec = bpf_ringbuf_reserve(&results, sizeof(*rec), 0);
+	if (!rec) {
+		count(ctr, CNT_CACHE_FULL);
+		return;
+	}
+	__u64 len = sizeof(struct hdr) + (__u64)n * 4;
+	asm volatile("" : "+r"(len));
+	if (len < sizeof(struct hdr) + 4 || len > sizeof(*rec) ||
+	    bpf_xdp_load_bytes(ctx, OFF_HDR, rec, len)) {
+		bpf_ringbuf_discard(rec, 0);
+		count(ctr, CNT_CACHE_FULL);
+		return;
+	}
+	bpf_ringbuf_submit(rec, 0);
+	count(ctr, CNT_CACHED);
+}
+
 static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr, struct pkt *p)
 {
 	struct hdr *h = p->h;
@@ -341,6 +395,16 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		goto malformed; /* contributor bits outside the job's fan-in */
 	if (h->job_id == 0)
 		goto malformed;
+	/* Membership and anti-spoofing: the sender must have joined the job as this worker id, from
+	 * this address, port and switch port, and may only set its own contributor bit. Checked
+	 * before anything reads or writes a slot, so no one outside a job can touch its slots. */
+	struct worker_key wk = { .job_id = h->job_id, .worker_id = h->worker_id };
+	struct worker *wm = bpf_map_lookup_elem(&workers, &wk);
+	if (!wm || h->worker_id >= XAGG_MAX_WORKERS || bm != (1u << h->worker_id) ||
+	    wm->ip != p->ip->saddr || wm->port != p->udp->source || wm->ifindex != ctx->ingress_ifindex) {
+		count(ctr, CNT_NOT_MEMBER);
+		return XDP_DROP;
+	}
 	if (h->encoding != ENC_FIXED32 || (h->flags & F_COLLISION))
 		return to_ps(ctr, p, 0); /* float repair traffic, or already diverted upstream */
 
@@ -415,14 +479,20 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	int match = s->state != SLOT_FREE && s->job_id == job && s->seq == seq;
 	if (!match) {
 		int reusable = s->state == SLOT_FREE;
-		if (s->state == SLOT_COMPLETE) {
+		int stale = now - s->ts_ns > slot_timeout_ns;
+		if (s->state == SLOT_AGGREGATING && stale) {
+			/* Abandoned half-filled slot (a job that died, or whose other contributions all
+			 * went to the PS): ATP's memory-leak fix. Its contributors still lack a result,
+			 * so they resend, and resends go to the PS. */
+			reusable = reclaimed = 1;
+		} else if (s->state == SLOT_COMPLETE) {
 			/* A later fragment of the same job may retake its own completed slot: workers keep
 			 * at most `window` fragments in flight over 2*window slots, so the sender of
 			 * seq+2w has the result of seq+w, which every worker sent only after receiving
 			 * the result of seq (SwitchML's shadow-copy argument, docs/design.md). */
 			if (s->job_id == job && seq_after(seq, s->seq))
 				reusable = 1;
-			else if (now - s->ts_ns > slot_timeout_ns)
+			else if (stale)
 				reusable = reclaimed = 1;
 		}
 		if (resend) {
@@ -453,6 +523,24 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		}
 	} else if (s->nvals != n || s->fan_in != fan) {
 		verdict = V_MALFORMED;
+	} else if (resend) {
+		/* ATP's partial flush: a resend means some contribution of this fragment is lost or
+		 * went to the PS, so waiting here may never end. Merge the sender's bits if new, then
+		 * send the slot's partial aggregate on to the PS (which completes the sum by bitmap)
+		 * and free the slot; later resends find no slot and go to the PS too. */
+		if ((bm & s->bitmap) == bm) {
+			run = PASS_READ; /* already summed: the packet carries the slot's partial sum */
+			verdict = V_FLUSH;
+		} else if (bm & s->bitmap) {
+			verdict = V_TO_PS;
+		} else {
+			s->bitmap |= bm;
+			s->counter++;
+			s->flags |= pkt_flags;
+			run = PASS_ADD_OUT;
+			verdict = V_FLUSH;
+		}
+		s->ts_ns = now;
 	} else if ((bm & ~s->bitmap) == 0) {
 		s->flags |= pkt_flags & F_ECN;
 		verdict = V_DUPLICATE; /* every contributor already summed */
@@ -502,9 +590,12 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		}
 		if (ovf)
 			s->flags |= F_OVERFLOW;
-		if (verdict == V_AGGREGATED && (__u32)__builtin_popcount(s->bitmap) >= s->fan_in) {
-			s->state = SLOT_COMPLETE;
+		int full = (__u32)__builtin_popcount(s->bitmap) >= s->fan_in;
+		if ((verdict == V_AGGREGATED || verdict == V_FLUSH) && full) {
+			s->state = SLOT_COMPLETE; /* a resend that completes the sum completes it here */
 			verdict = V_COMPLETED;
+		} else if (verdict == V_FLUSH) {
+			s->state = SLOT_FREE;
 		}
 		out_bitmap = s->bitmap;
 		out_flags = s->flags;
@@ -530,6 +621,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		goto malformed;
 	case V_SHADOW:
 	case V_COMPLETED:
+	case V_FLUSH:
 		break;
 	}
 
@@ -552,6 +644,17 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	if (parse(&c, &q) != PARSE_OK)
 		return XDP_ABORTED;
 
+	if (verdict == V_FLUSH) {
+		/* The partial aggregate goes on to the PS as DATA with the slot's contributors. */
+		if (q.h->flags & F_LEVEL1)
+			q.h->bitmap1 = out_bitmap;
+		else
+			q.h->bitmap0 = out_bitmap;
+		q.h->flags |= out_flags & (F_ECN | F_OVERFLOW);
+		count(ctr, CNT_FLUSHED);
+		return to_ps(ctr, &q, 0);
+	}
+
 	if (verdict == V_SHADOW) {
 		/* Unicast back to the sender: swap L2/L3 endpoints; the IP checksum is unchanged by a swap. */
 		make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH | F_SHADOW);
@@ -571,6 +674,8 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 
 	make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH);
 	q.udp->check = 0; /* payload changed; egress zeroes it too, but a result must be valid anywhere */
+	if (cache_results)
+		cache_result(ctx, ctr, n);
 	count(ctr, CNT_AGGREGATED);
 	count(ctr, CNT_COMPLETED);
 	if (out_flags & F_OVERFLOW)
@@ -591,13 +696,29 @@ static __always_inline int handle_result(struct counters *ctr, struct pkt *p)
 		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;
 	}
+	/* Only the job's PS may answer for it: no one else can free its slots or feed its workers. */
+	__u32 job_id = h->job_id;
+	struct job *j = bpf_map_lookup_elem(&jobs, &job_id);
+	if (!j || j->ps_ip != p->ip->saddr) {
+		count(ctr, CNT_NOT_MEMBER);
+		return XDP_DROP;
+	}
 	__u32 idx = h->agg_index;
 	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
 	if (s) {
+		__u64 now = bpf_ktime_get_ns();
+		int reclaimed = 0;
 		bpf_spin_lock(&s->lock);
-		if (s->state == SLOT_AGGREGATING && s->job_id == h->job_id && s->seq == h->seq)
+		if (s->state == SLOT_AGGREGATING && s->job_id == h->job_id && s->seq == h->seq) {
 			s->state = SLOT_FREE;
+		} else if (s->state != SLOT_FREE && now - s->ts_ns > slot_timeout_ns) {
+			/* ATP: any parameter packet frees a stale slot at its index, whoever owns it. */
+			s->state = SLOT_FREE;
+			reclaimed = 1;
+		}
 		bpf_spin_unlock(&s->lock);
+		if (reclaimed)
+			count(ctr, CNT_RECLAIMED);
 	}
 	count(ctr, CNT_PS_RESULT);
 	return broadcast(ctr);
@@ -682,3 +803,4 @@ const volatile enum slot_state unused_slot_state;
 const volatile enum limit unused_limit;
 struct hdr *const volatile unused_hdr;
 struct join_body *const volatile unused_join_body;
+struct result_rec *const volatile unused_result_rec;

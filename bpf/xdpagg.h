@@ -158,11 +158,50 @@ struct member {
 };
 
 /*
+ * Who may contribute to a job: map `workers`, HASH keyed by struct worker_key. Written by the
+ * control plane on JOIN (maps.PutMember / PutWorker). A DATA packet is summed or passed on only if
+ * its <job, worker_id> is here and its source address, UDP port and ingress port match, and its
+ * contributor bit is exactly 1 << worker_id: no spoofed ids, no foreign bits.
+ */
+struct worker_key {
+	__u32 job_id;    /* host order */
+	__u32 worker_id; /* 0..XAGG_MAX_WORKERS-1, host order */
+};
+
+struct worker {
+	__u32 ip;      /* worker's IPv4 (packet source), network byte order */
+	__u32 ifindex; /* switch port it is behind (ingress ifindex), host order */
+	__u16 port;    /* worker's UDP source port, network byte order */
+	__u16 pad;
+};
+
+/*
+ * A job's switch-wide state: map `jobs`, HASH keyed by job_id (u32, host order). Written by the
+ * control plane with the job's first member. Only the job's PS may send it RESULTs.
+ */
+struct job {
+	__u32 ps_ip;   /* the job's parameter server (RESULT source), network byte order */
+	__u32 workers; /* bitmap of joined worker ids, host order (diagnostics) */
+};
+
+/*
+ * A completed in-switch sum as copied to the `results` ring buffer for the agent's retransmit
+ * cache (Libra's switch-CPU copy): the result's xdpagg header (little-endian, as on the wire:
+ * type MSG_RESULT, flags with F_FROM_SWITCH) and its first hdr.count values. Fixed size; the
+ * tail past count is undefined.
+ */
+struct result_rec {
+	struct hdr h;
+	__s32 vals[XAGG_MAX_VALUES];
+};
+
+/*
  * Per-CPU counters. Map `counters`, a one-entry PERCPU_ARRAY whose value is struct counters: one
  * u64 (host order) per enum counter.
  * Every packet at the aggregation port counts in CNT_RX and in exactly one verdict: AGGREGATED,
- * DUPLICATE, TO_PS, MALFORMED, PS_RESULT, SHADOW_TX or CONTROL. COMPLETED, COLLISION, OVERFLOW and
- * RECLAIMED count events on top of a verdict; EGRESS_* count broadcast copies per port.
+ * DUPLICATE, TO_PS, MALFORMED, NOT_MEMBER, PS_RESULT, SHADOW_TX or CONTROL. COMPLETED, COLLISION,
+ * OVERFLOW, RECLAIMED, FLUSHED, CACHED and CACHE_FULL count events on top of a verdict; EGRESS_*
+ * count broadcast copies per port.
  */
 enum counter {
 	CNT_RX = 0,          /* xdpagg packets (UDP to the aggregation port) seen at ingress */
@@ -176,11 +215,15 @@ enum counter {
 	CNT_NON_AGG,         /* not xdpagg traffic: passed to the kernel to be forwarded or delivered */
 	CNT_PS_RESULT,       /* results from the PS broadcast to the job */
 	CNT_SHADOW_TX,       /* retransmitted fragments answered from a completed slot (shadow copy) */
-	CNT_RECLAIMED,       /* abandoned completed slots reclaimed after the timeout */
+	CNT_RECLAIMED,       /* abandoned slots (completed or half-filled) reclaimed after the timeout */
 	CNT_EGRESS_TX,       /* result copies rewritten and sent out a member port */
 	CNT_EGRESS_SKIP,     /* result copies dropped on ports with no member of the job */
 	CNT_REDIRECT_ERR,    /* broadcast redirects that failed */
 	CNT_CONTROL,         /* control messages passed up to the agent */
+	CNT_NOT_MEMBER,      /* DATA from a non-member or with a spoofed id/bit, RESULTs not from the job's PS: dropped */
+	CNT_FLUSHED,         /* resends that flushed a half-filled slot's partial aggregate to the PS (ATP) */
+	CNT_CACHED,          /* completed sums copied to the agent's retransmit cache (ring buffer) */
+	CNT_CACHE_FULL,      /* completed sums the ring buffer had no room for */
 	CNT_MAX,
 };
 

@@ -41,12 +41,16 @@ const (
 	XdpaggCounterCNT_EGRESS_SKIP  XdpaggCounter = 13
 	XdpaggCounterCNT_REDIRECT_ERR XdpaggCounter = 14
 	XdpaggCounterCNT_CONTROL      XdpaggCounter = 15
-	XdpaggCounterCNT_MAX          XdpaggCounter = 16
+	XdpaggCounterCNT_NOT_MEMBER   XdpaggCounter = 16
+	XdpaggCounterCNT_FLUSHED      XdpaggCounter = 17
+	XdpaggCounterCNT_CACHED       XdpaggCounter = 18
+	XdpaggCounterCNT_CACHE_FULL   XdpaggCounter = 19
+	XdpaggCounterCNT_MAX          XdpaggCounter = 20
 )
 
 type XdpaggCounters struct {
 	_   structs.HostLayout
-	Cnt [16]uint64
+	Cnt [20]uint64
 }
 
 type XdpaggEncoding uint32
@@ -86,6 +90,12 @@ type XdpaggHdr struct {
 	FanIn1    uint8
 	WorkerId  uint8
 	Reserved  uint8
+}
+
+type XdpaggJob struct {
+	_       structs.HostLayout
+	PsIp    uint32
+	Workers uint32
 }
 
 type XdpaggJoinBody struct {
@@ -136,6 +146,12 @@ const (
 	XdpaggMsgTypeMSG_HEARTBEAT  XdpaggMsgType = 8
 )
 
+type XdpaggResultRec struct {
+	_    structs.HostLayout
+	H    XdpaggHdr
+	Vals [832]int32
+}
+
 type XdpaggScratch struct {
 	_    structs.HostLayout
 	Vals [32]int32
@@ -168,19 +184,37 @@ const (
 	XdpaggSlotStateSLOT_COMPLETE    XdpaggSlotState = 2
 )
 
+type XdpaggWorker struct {
+	_       structs.HostLayout
+	Ip      uint32
+	Ifindex uint32
+	Port    uint16
+	Pad     uint16
+}
+
+type XdpaggWorkerKey struct {
+	_        structs.HostLayout
+	JobId    uint32
+	WorkerId uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	XdpaggMapCounters        = "counters"
+	XdpaggMapJobs            = "jobs"
 	XdpaggMapMembers         = "members"
 	XdpaggMapPorts           = "ports"
+	XdpaggMapResults         = "results"
 	XdpaggMapScratchBuf      = "scratch_buf"
 	XdpaggMapSlots           = "slots"
+	XdpaggMapWorkers         = "workers"
 	XdpaggProgXdpaggEgress   = "xdpagg_egress"
 	XdpaggProgXdpaggPass     = "xdpagg_pass"
 	XdpaggProgXdpaggSwitch   = "xdpagg_switch"
 	XdpaggVarAggPort         = "agg_port"
+	XdpaggVarCacheResults    = "cache_results"
 	XdpaggVarPoolSize        = "pool_size"
 	XdpaggVarSlotTimeoutNs   = "slot_timeout_ns"
 	XdpaggVarUnusedCounter   = "unused_counter"
@@ -190,6 +224,7 @@ const (
 	XdpaggVarUnusedJoinBody  = "unused_join_body"
 	XdpaggVarUnusedLimit     = "unused_limit"
 	XdpaggVarUnusedMsgType   = "unused_msg_type"
+	XdpaggVarUnusedResultRec = "unused_result_rec"
 	XdpaggVarUnusedSlotState = "unused_slot_state"
 )
 
@@ -245,10 +280,13 @@ type XdpaggProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggMapSpecs struct {
 	Counters   *ebpf.MapSpec `ebpf:"counters"`
+	Jobs       *ebpf.MapSpec `ebpf:"jobs"`
 	Members    *ebpf.MapSpec `ebpf:"members"`
 	Ports      *ebpf.MapSpec `ebpf:"ports"`
+	Results    *ebpf.MapSpec `ebpf:"results"`
 	ScratchBuf *ebpf.MapSpec `ebpf:"scratch_buf"`
 	Slots      *ebpf.MapSpec `ebpf:"slots"`
+	Workers    *ebpf.MapSpec `ebpf:"workers"`
 }
 
 // XdpaggVariableSpecs contains global variables before they are loaded into the kernel.
@@ -256,6 +294,7 @@ type XdpaggMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggVariableSpecs struct {
 	AggPort         *ebpf.VariableSpec `ebpf:"agg_port"`
+	CacheResults    *ebpf.VariableSpec `ebpf:"cache_results"`
 	PoolSize        *ebpf.VariableSpec `ebpf:"pool_size"`
 	SlotTimeoutNs   *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
 	UnusedCounter   *ebpf.VariableSpec `ebpf:"unused_counter"`
@@ -265,6 +304,7 @@ type XdpaggVariableSpecs struct {
 	UnusedJoinBody  *ebpf.VariableSpec `ebpf:"unused_join_body"`
 	UnusedLimit     *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedMsgType   *ebpf.VariableSpec `ebpf:"unused_msg_type"`
+	UnusedResultRec *ebpf.VariableSpec `ebpf:"unused_result_rec"`
 	UnusedSlotState *ebpf.VariableSpec `ebpf:"unused_slot_state"`
 }
 
@@ -289,19 +329,25 @@ func (o *XdpaggObjects) Close() error {
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggMaps struct {
 	Counters   *ebpf.Map `ebpf:"counters"`
+	Jobs       *ebpf.Map `ebpf:"jobs"`
 	Members    *ebpf.Map `ebpf:"members"`
 	Ports      *ebpf.Map `ebpf:"ports"`
+	Results    *ebpf.Map `ebpf:"results"`
 	ScratchBuf *ebpf.Map `ebpf:"scratch_buf"`
 	Slots      *ebpf.Map `ebpf:"slots"`
+	Workers    *ebpf.Map `ebpf:"workers"`
 }
 
 func (m *XdpaggMaps) Close() error {
 	return _XdpaggClose(
 		m.Counters,
+		m.Jobs,
 		m.Members,
 		m.Ports,
+		m.Results,
 		m.ScratchBuf,
 		m.Slots,
+		m.Workers,
 	)
 }
 
@@ -310,6 +356,7 @@ func (m *XdpaggMaps) Close() error {
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggVariables struct {
 	AggPort         *ebpf.Variable `ebpf:"agg_port"`
+	CacheResults    *ebpf.Variable `ebpf:"cache_results"`
 	PoolSize        *ebpf.Variable `ebpf:"pool_size"`
 	SlotTimeoutNs   *ebpf.Variable `ebpf:"slot_timeout_ns"`
 	UnusedCounter   *ebpf.Variable `ebpf:"unused_counter"`
@@ -319,6 +366,7 @@ type XdpaggVariables struct {
 	UnusedJoinBody  *ebpf.Variable `ebpf:"unused_join_body"`
 	UnusedLimit     *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedMsgType   *ebpf.Variable `ebpf:"unused_msg_type"`
+	UnusedResultRec *ebpf.Variable `ebpf:"unused_result_rec"`
 	UnusedSlotState *ebpf.Variable `ebpf:"unused_slot_state"`
 }
 

@@ -308,6 +308,8 @@ func TestSwitchScenarios(t *testing.T) {
 		psr  = maps.CntPSResult
 		shad = maps.CntShadowTx
 		recl = maps.CntReclaimed
+		nmem = maps.CntNotMember
+		flsh = maps.CntFlushed
 	)
 	aggregating := func(job, seq, bitmap uint32, counter, fan uint8, nvals int, fl uint16) *slotView {
 		return &slotView{State: slotAggregating, Counter: counter, FanIn: fan, Scale: 24, Job: job, Seq: seq,
@@ -353,8 +355,6 @@ func TestSwitchScenarios(t *testing.T) {
 				idx: 3, slot: aggregating(7, 100, 1, 1, 2, 4, 0), vals: w0.Vals},
 			{name: "worker 0 duplicate", in: w0, verdict: xdpDrop, delta: cnt{rx: 1, dup: 1},
 				idx: 3, slot: aggregating(7, 100, 1, 1, 2, 4, 0), vals: w0.Vals},
-			{name: "worker 0 resend while aggregating is a duplicate", in: w0.with(flags(fResend)), verdict: xdpDrop,
-				delta: cnt{rx: 1, dup: 1}, idx: 3, slot: aggregating(7, 100, 1, 1, 2, 4, 0), vals: w0.Vals},
 			{name: "worker 1 with another count", in: w1.with(func(f *frame) { f.Vals = f.Vals[:3]; f.Hdr.Count = 3 }),
 				verdict: xdpDrop, delta: cnt{rx: 1, bad: 1}, idx: 3, slot: aggregating(7, 100, 1, 1, 2, 4, 0), vals: w0.Vals},
 			{name: "worker 1 with another fan-in", in: w1.with(setHdr(func(h *bpf.XdpaggHdr) { h.FanIn0 = 3 })),
@@ -396,29 +396,69 @@ func TestSwitchScenarios(t *testing.T) {
 		}},
 		{name: "level 1: bitmap1 and fan_in1", steps: func() []step {
 			l0 := dataFrame(4, 1, 6, 0, 8, 5, 5).with(flags(fLevel1), setHdr(func(h *bpf.XdpaggHdr) { h.Bitmap0 = 0xff; h.FanIn1 = 2; h.Bitmap1 = 1 }))
-			l1 := l0.with(setHdr(func(h *bpf.XdpaggHdr) { h.Bitmap1 = 2 }), func(f *frame) { f.Vals = []int32{1, 2} })
+			// The second edge switch joined as member 1 (its bit in bitmap1).
+			l1 := dataFrame(4, 1, 6, 1, 8, 1, 2).with(flags(fLevel1), setHdr(func(h *bpf.XdpaggHdr) { h.Bitmap0 = 0xff; h.FanIn1 = 2; h.Bitmap1 = 2 }))
 			return []step{
 				{name: "first edge switch", in: l0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}, idx: 6, slot: aggregating(4, 1, 1, 1, 2, 2, 0), vals: l0.Vals},
 				{name: "second edge switch", in: l1, verdict: xdpRedirect, want: ptr(asResult(l1, 3, fLevel1|fFromSwitch, []int32{6, 7})),
 					delta: cnt{rx: 1, agg: 1, done: 1}, idx: 6, slot: complete(4, 1, 3, 2, 2, 2, 0), vals: []int32{6, 7}},
 			}
 		}()},
-		{name: "partial aggregates: completion counts contributors, not packets", steps: func() []step {
-			bits := func(f frame, bm uint32) frame {
-				return f.with(setHdr(func(h *bpf.XdpaggHdr) { h.Bitmap0 = bm }))
+		{name: "membership: foreign bits, spoofed ids and outsiders are dropped, never summed", steps: func() []step {
+			ok := dataFrame(8, 1, 2, 0, 3, 5, 6)
+			foreign := ok.with(setHdr(func(h *bpf.XdpaggHdr) { h.Bitmap0 = 0b011 })) // worker 0 claims worker 1's bit too
+			idSpoof := dataFrame(8, 1, 2, 1, 3, 7, 7).with(func(f *frame) { f.SrcIP = workerIP(0); f.SrcPort = workerPort(0) })
+			ipSpoof := dataFrame(8, 1, 2, 2, 3, 1, 1).with(func(f *frame) { f.SrcIP = [4]byte{10, 0, 1, 200} })
+			portSpoof := dataFrame(8, 1, 2, 2, 3, 1, 1).with(func(f *frame) { f.SrcPort = 1234 })
+			outsider := dataFrame(unenrolledJob, 1, 2, 0, 3, 1, 1)
+			otherPort := dataFrame(otherPortJob, 1, 2, 0, 3, 1, 1)
+			notPS := resultFrame(8, 1, 2, 3, 9, 9).with(func(f *frame) { f.SrcIP = workerIP(1) })
+			outsiderResult := resultFrame(unenrolledJob, 1, 2, 3, 9, 9)
+			floatSpoof := foreign.with(func(f *frame) { f.Hdr.Encoding = encFloat32 })
+			drop := func(name string, in frame) step {
+				return step{name: name, in: in, verdict: xdpDrop, delta: cnt{rx: 1, nmem: 1}, idx: 2, slot: &slotView{}}
 			}
-			p01 := bits(dataFrame(8, 1, 2, 0, 3, 5, 6), 0b011) // workers 0+1 pre-summed
-			p1 := bits(dataFrame(8, 1, 2, 1, 3, 7, 7), 0b010)  // worker 1 alone: all bits in
-			p12 := bits(dataFrame(8, 1, 2, 1, 3, 1, 1), 0b110) // overlaps worker 1
-			p2 := bits(dataFrame(8, 1, 2, 2, 3, 10, 20), 0b100)
 			return []step{
-				{name: "workers 0+1 in one packet", in: p01, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
-					idx: 2, slot: aggregating(8, 1, 0b011, 1, 3, 2, 0), vals: p01.Vals},
-				{name: "worker 1 alone is a duplicate", in: p1, verdict: xdpDrop, delta: cnt{rx: 1, dup: 1}},
-				{name: "workers 1+2 overlap: to the PS, not double counted", in: p12, verdict: xdpPass,
-					want: ptr(asToPS(p12, 0)), delta: cnt{rx: 1, tops: 1}, idx: 2, slot: aggregating(8, 1, 0b011, 1, 3, 2, 0), vals: p01.Vals},
-				{name: "worker 2 completes with 2 packets for 3 contributors", in: p2, verdict: xdpRedirect,
-					want: ptr(asResult(p2, 0b111, fFromSwitch, []int32{15, 26})), delta: cnt{rx: 1, agg: 1, done: 1}},
+				drop("worker 0 with worker 1's bit", foreign),
+				drop("worker 0 claiming worker 1's id", idSpoof),
+				drop("worker 2 from another address", ipSpoof),
+				drop("worker 2 from another UDP port", portSpoof),
+				drop("a job nobody joined", outsider),
+				drop("a member behind another switch port", otherPort),
+				drop("float32 data with foreign bits (would reach the PS)", floatSpoof),
+				drop("a RESULT not from the job's PS", notPS),
+				drop("a RESULT for a job nobody joined", outsiderResult),
+				{name: "the real worker 0 is summed", in: ok, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
+					idx: 2, slot: aggregating(8, 1, 1, 1, 3, 2, 0), vals: ok.Vals},
+				{name: "a spoofed RESULT does not free the slot", in: notPS, verdict: xdpDrop, delta: cnt{rx: 1, nmem: 1},
+					idx: 2, slot: aggregating(8, 1, 1, 1, 3, 2, 0), vals: ok.Vals},
+			}
+		}()},
+		{name: "resend on a half-filled slot flushes its partial aggregate to the PS (ATP)", steps: func() []step {
+			r0 := dataFrame(9, 4, 1, 0, 3, 5, 6)
+			r1 := dataFrame(9, 4, 1, 1, 3, 10, 20).with(flags(fResend))
+			flushed := asToPS(r1.with(setHdr(func(h *bpf.XdpaggHdr) { h.Bitmap0 = 0b011 }), func(f *frame) { f.Vals = []int32{15, 26} }), 0)
+			r0again := r0.with(flags(fResend))
+			return []step{
+				{name: "worker 0 reserves", in: r0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}, idx: 1, slot: aggregating(9, 4, 1, 1, 3, 2, 0), vals: r0.Vals},
+				{name: "worker 1's resend is merged, flushed and frees the slot", in: r1, verdict: xdpPass, want: &flushed,
+					delta: cnt{rx: 1, tops: 1, flsh: 1}, idx: 1, slot: &slotView{State: slotFree, Counter: 2, FanIn: 3, Scale: 24, Job: 9, Seq: 4, Bitmap: 0b011, Nvals: 2},
+					vals: []int32{15, 26}}, // a free slot's values are stale, never read
+				{name: "the next resend finds no slot and goes to the PS", in: r0again, verdict: xdpPass, want: ptr(asToPS(r0again, 0)),
+					delta: cnt{rx: 1, tops: 1}},
+				{name: "worker 0 reserves again", in: r0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}, idx: 1, slot: aggregating(9, 4, 1, 1, 3, 2, 0), vals: r0.Vals},
+				{name: "worker 0's own resend flushes its partial sum", in: r0again, verdict: xdpPass, want: ptr(asToPS(r0again, 0)),
+					delta: cnt{rx: 1, tops: 1, flsh: 1}, idx: 1, slot: &slotView{State: slotFree, Counter: 1, FanIn: 3, Scale: 24, Job: 9, Seq: 4, Bitmap: 1, Nvals: 2},
+					vals: r0.Vals},
+			}
+		}()},
+		{name: "a resend that completes the sum completes it in the switch", steps: func() []step {
+			c0 := dataFrame(9, 7, 3, 0, 2, 1, 2)
+			c1 := dataFrame(9, 7, 3, 1, 2, 3, 4).with(flags(fResend))
+			return []step{
+				{name: "worker 0 reserves", in: c0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}},
+				{name: "worker 1's resend completes", in: c1, verdict: xdpRedirect, want: ptr(asResult(c1, 3, fFromSwitch, []int32{4, 6})),
+					delta: cnt{rx: 1, agg: 1, done: 1}, idx: 3, slot: complete(9, 7, 3, 2, 2, 2, 0), vals: []int32{4, 6}},
 			}
 		}()},
 		{name: "collision: slot held by another job or seq", steps: []step{
@@ -531,8 +571,14 @@ func TestSwitchScenarios(t *testing.T) {
 				verdict: xdpPass, delta: cnt{rx: 1, tops: 1}, idx: 0, slot: complete(1, 1, 1, 1, 1, 1, 0), vals: []int32{5}},
 			{name: "job 2 after the timeout reclaims", before: sleep, in: dataFrame(2, 1, 0, 0, 2, 7), verdict: xdpDrop,
 				delta: cnt{rx: 1, agg: 1, recl: 1}, idx: 0, slot: aggregating(2, 1, 1, 1, 2, 1, 0), vals: []int32{7}},
-			{name: "an old aggregating slot is never reclaimed", before: sleep, in: dataFrame(3, 1, 0, 0, 1, 9), verdict: xdpPass,
-				delta: cnt{rx: 1, coll: 1, tops: 1}, idx: 0, slot: aggregating(2, 1, 1, 1, 2, 1, 0), vals: []int32{7}},
+			{name: "an abandoned half-filled slot is reclaimed (ATP's memory-leak fix)", before: sleep, in: dataFrame(3, 1, 0, 0, 1, 9),
+				verdict: xdpRedirect, delta: cnt{rx: 1, agg: 1, done: 1, recl: 1}, idx: 0, slot: complete(3, 1, 1, 1, 1, 1, 0), vals: []int32{9}},
+			{name: "job 2 takes it back after the timeout", before: sleep, in: dataFrame(2, 1, 0, 0, 2, 7), verdict: xdpDrop,
+				delta: cnt{rx: 1, agg: 1, recl: 1}, idx: 0, slot: aggregating(2, 1, 1, 1, 2, 1, 0), vals: []int32{7}},
+			{name: "a PS result of another fragment frees the stale slot", before: sleep, in: resultFrame(2, 99, 0, 2, 1),
+				verdict: xdpRedirect, want: ptr(resultFrame(2, 99, 0, 2, 1)), delta: cnt{rx: 1, psr: 1, recl: 1}, idx: 0,
+				slot: &slotView{State: slotFree, Counter: 1, FanIn: 2, Scale: 24, Job: 2, Seq: 1, Bitmap: 1, Nvals: 1}, vals: []int32{7}},
+			{name: "job 2 reserves and completes", in: dataFrame(2, 1, 0, 0, 2, 7), verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}},
 			{name: "job 2 completes", in: dataFrame(2, 1, 0, 1, 2, 8), verdict: xdpRedirect, delta: cnt{rx: 1, agg: 1, done: 1},
 				idx: 0, slot: complete(2, 1, 3, 2, 2, 1, 0), vals: []int32{15}},
 			{name: "job 2 earlier seq after the timeout reclaims", before: sleep, in: dataFrame(2, 0, 0, 0, 1, 4), verdict: xdpRedirect,

@@ -49,6 +49,10 @@ type Config struct {
 	SlotTimeout time.Duration
 	// Generic attaches in generic (skb) XDP mode instead of native mode.
 	Generic bool
+	// CacheResults makes the switch copy every completed sum to the `results` ring buffer, for
+	// the agent's retransmit cache. Whoever sets it must consume the ring (agent.Run does);
+	// when it is full, copies are dropped and counted (cache_full).
+	CacheResults bool
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -95,6 +99,10 @@ func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
 		bpf.XdpaggVarAggPort:       cfg.Port,
 		bpf.XdpaggVarPoolSize:      cfg.PoolSize,
 		bpf.XdpaggVarSlotTimeoutNs: uint64(cfg.SlotTimeout.Nanoseconds()),
+		bpf.XdpaggVarCacheResults:  uint32(0),
+	}
+	if cfg.CacheResults {
+		sets[bpf.XdpaggVarCacheResults] = uint32(1)
 	}
 	for name, v := range sets {
 		vs, ok := spec.Variables[name]
@@ -126,7 +134,7 @@ func Load(cfg Config) (*Switch, error) {
 	if err := spec.LoadAndAssign(&s.Objects, nil); err != nil {
 		return nil, fmt.Errorf("load switch programs: %w", err)
 	}
-	s.Maps = maps.New(s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters)
+	s.Maps = maps.New(&s.Objects.XdpaggMaps)
 	return s, nil
 }
 
@@ -203,6 +211,8 @@ func (s *Switch) Pin(dir string) error {
 		bpf.XdpaggMapMembers:  s.Objects.Members,
 		bpf.XdpaggMapPorts:    s.Objects.Ports,
 		bpf.XdpaggMapCounters: s.Objects.Counters,
+		bpf.XdpaggMapWorkers:  s.Objects.Workers,
+		bpf.XdpaggMapJobs:     s.Objects.Jobs,
 	}
 	for name, m := range named {
 		if err := m.Pin(filepath.Join(dir, "maps", name)); err != nil {
@@ -239,7 +249,7 @@ func (s *Switch) unpin() error {
 		return nil
 	}
 	var errs []error
-	for _, m := range []*ebpf.Map{s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters} {
+	for _, m := range []*ebpf.Map{s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters, s.Objects.Workers, s.Objects.Jobs} {
 		errs = append(errs, m.Unpin()) // a no-op for a map that was never pinned
 	}
 	_ = os.Remove(filepath.Join(s.pinDir, "maps"))

@@ -264,7 +264,7 @@ func TestPinAndClose(t *testing.T) {
 	if err := sw.Pin(dir); err != nil {
 		t.Fatalf("Pin: %v", err)
 	}
-	names := []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts, bpf.XdpaggMapCounters}
+	names := []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts, bpf.XdpaggMapCounters, bpf.XdpaggMapWorkers, bpf.XdpaggMapJobs}
 	for _, name := range names {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", name), nil)
 		if err != nil {

@@ -44,6 +44,10 @@ const (
 	CntEgressSkip  = bpf.XdpaggCounterCNT_EGRESS_SKIP
 	CntRedirectErr = bpf.XdpaggCounterCNT_REDIRECT_ERR
 	CntControl     = bpf.XdpaggCounterCNT_CONTROL
+	CntNotMember   = bpf.XdpaggCounterCNT_NOT_MEMBER
+	CntFlushed     = bpf.XdpaggCounterCNT_FLUSHED
+	CntCached      = bpf.XdpaggCounterCNT_CACHED
+	CntCacheFull   = bpf.XdpaggCounterCNT_CACHE_FULL
 	NumCounters    = int(bpf.XdpaggCounterCNT_MAX)
 )
 
@@ -67,6 +71,10 @@ var counterNames = [NumCounters]string{
 	CntEgressSkip:  "egress_skip",
 	CntRedirectErr: "redirect_err",
 	CntControl:     "control",
+	CntNotMember:   "not_member",
+	CntFlushed:     "flushed",
+	CntCached:      "cached",
+	CntCacheFull:   "cache_full",
 }
 
 // CounterName is the stable snake_case name of a counter (used in JSON and metrics).
@@ -103,12 +111,16 @@ type Maps struct {
 	Members  *ebpf.Map // bpf.XdpaggMemberKey -> bpf.XdpaggMember
 	Ports    *ebpf.Map // ifindex -> bpf.XdpaggBpfDevmapVal
 	Counters *ebpf.Map // 0 -> per-CPU bpf.XdpaggCounters, indexed by Counter
+	Workers  *ebpf.Map // bpf.XdpaggWorkerKey -> bpf.XdpaggWorker (ingress membership)
+	Jobs     *ebpf.Map // job id -> bpf.XdpaggJob
+	Results  *ebpf.Map // ring buffer of bpf.XdpaggResultRec (retransmit cache feed); nil when opened pinned
 	owned    bool
 }
 
 // New wraps maps of a switch loaded in this process.
-func New(slots, members, ports, counters *ebpf.Map) *Maps {
-	return &Maps{Slots: slots, Members: members, Ports: ports, Counters: counters}
+func New(m *bpf.XdpaggMaps) *Maps {
+	return &Maps{Slots: m.Slots, Members: m.Members, Ports: m.Ports, Counters: m.Counters,
+		Workers: m.Workers, Jobs: m.Jobs, Results: m.Results}
 }
 
 // OpenPinned opens the maps a switch pinned under dir (loader.Switch.Pin).
@@ -119,6 +131,8 @@ func OpenPinned(dir string) (*Maps, error) {
 		bpf.XdpaggMapMembers:  &m.Members,
 		bpf.XdpaggMapPorts:    &m.Ports,
 		bpf.XdpaggMapCounters: &m.Counters,
+		bpf.XdpaggMapWorkers:  &m.Workers,
+		bpf.XdpaggMapJobs:     &m.Jobs,
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", name), &ebpf.LoadPinOptions{ReadOnly: false})
 		if err != nil {
@@ -139,7 +153,7 @@ func (m *Maps) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.Slots, m.Members, m.Ports, m.Counters} {
+	for _, mp := range []*ebpf.Map{m.Slots, m.Members, m.Ports, m.Counters, m.Workers, m.Jobs} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
@@ -310,10 +324,19 @@ func ipFromNetwork(v uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
 }
 
-// PutMember adds or replaces a job member behind a port.
+// PutMember adds or replaces a job member behind a port: where the job's results go out of that
+// port (members), who may contribute (workers: the worker id, address, UDP port and port
+// ifindex that the switch's ingress checks), and the job's PS, the only source of its RESULTs
+// (jobs).
 func (m *Maps) PutMember(mb Member) error {
 	k, v, err := mb.encode()
 	if err != nil {
+		return err
+	}
+	if err := m.PutWorker(mb.JobID, mb.WorkerID, mb.Addr, mb.Ifindex); err != nil {
+		return err
+	}
+	if err := m.PutJob(mb.JobID, mb.SrcIP, 1<<mb.WorkerID); err != nil {
 		return err
 	}
 	if err := m.Members.Put(&k, &v); err != nil {
@@ -322,13 +345,92 @@ func (m *Maps) PutMember(mb Member) error {
 	return nil
 }
 
-// DeleteMember removes the member of job behind ifindex.
+// PutWorker lets worker id of job contribute from addr through switch port ifindex (the
+// ingress half of PutMember, for senders that take no results there, and for tests).
+func (m *Maps) PutWorker(job uint32, id uint8, addr netip.AddrPort, ifindex uint32) error {
+	if job == 0 || int(id) >= bpf.MaxWorkers || !addr.Addr().Is4() {
+		return fmt.Errorf("%w: job %d worker %d at %v: need job > 0, worker 0..%d, IPv4", ErrBadMember, job, id, addr, bpf.MaxWorkers-1)
+	}
+	k := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(id)}
+	p := addr.Port()
+	v := bpf.XdpaggWorker{Ip: ipToNetwork(addr.Addr()), Ifindex: ifindex, Port: p>>8 | p<<8}
+	if err := m.Workers.Put(&k, &v); err != nil {
+		return fmt.Errorf("write worker %d of job %d: %w", id, job, err)
+	}
+	return nil
+}
+
+// PutJob records job's PS address (the only source its RESULTs may come from) and ORs
+// workerBits into its joined-workers bitmap.
+func (m *Maps) PutJob(job uint32, ps netip.Addr, workerBits uint32) error {
+	if job == 0 || !ps.Is4() {
+		return fmt.Errorf("%w: job %d with PS %v: need job > 0 and an IPv4 PS", ErrBadMember, job, ps)
+	}
+	var v bpf.XdpaggJob
+	if err := m.Jobs.Lookup(&job, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("read job %d: %w", job, err)
+	}
+	v.PsIp = ipToNetwork(ps)
+	v.Workers |= workerBits
+	if err := m.Jobs.Put(&job, &v); err != nil {
+		return fmt.Errorf("write job %d: %w", job, err)
+	}
+	return nil
+}
+
+// DeleteMember removes the member of job behind ifindex, its right to contribute, and the job
+// itself when no worker is left.
 func (m *Maps) DeleteMember(job, ifindex uint32) error {
 	k := bpf.XdpaggMemberKey{JobId: job, Ifindex: ifindex}
+	var v bpf.XdpaggMember
+	if err := m.Members.Lookup(&k, &v); err != nil {
+		return fmt.Errorf("delete member job %d ifindex %d: %w", job, ifindex, err)
+	}
+	wk := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(v.WorkerId)}
+	if err := m.Workers.Delete(&wk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete worker %d of job %d: %w", v.WorkerId, job, err)
+	}
+	var jv bpf.XdpaggJob
+	if err := m.Jobs.Lookup(&job, &jv); err == nil {
+		jv.Workers &^= 1 << v.WorkerId
+		if jv.Workers == 0 {
+			err = m.Jobs.Delete(&job)
+		} else {
+			err = m.Jobs.Put(&job, &jv)
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("update job %d: %w", job, err)
+		}
+	}
 	if err := m.Members.Delete(&k); err != nil {
 		return fmt.Errorf("delete member job %d ifindex %d: %w", job, ifindex, err)
 	}
 	return nil
+}
+
+// Job is a job as the switch knows it.
+type Job struct {
+	JobID   uint32     `json:"job"`
+	PS      netip.Addr `json:"ps"`
+	Workers uint32     `json:"workers"` // bitmap of joined worker ids
+}
+
+// ListJobs returns every job, ordered by id.
+func (m *Maps) ListJobs() ([]Job, error) {
+	var (
+		k   uint32
+		v   bpf.XdpaggJob
+		out []Job
+	)
+	it := m.Jobs.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Job{JobID: k, PS: ipFromNetwork(v.PsIp), Workers: v.Workers})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate jobs: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].JobID < out[j].JobID })
+	return out, nil
 }
 
 // ListMembers returns every member, ordered by job then worker.

@@ -3,6 +3,7 @@ package maps_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -66,8 +67,8 @@ func TestCounterNames(t *testing.T) {
 			t.Errorf("CounterName(%d) = %q, want %q", c, got, want)
 		}
 	}
-	if got := maps.CounterName(maps.Counter(maps.NumCounters)); got != "counter_16" {
-		t.Errorf("CounterName(NumCounters) = %q, want the fallback counter_16", got)
+	if got, want := maps.CounterName(maps.Counter(maps.NumCounters)), fmt.Sprintf("counter_%d", maps.NumCounters); got != want {
+		t.Errorf("CounterName(NumCounters) = %q, want the fallback %s", got, want)
 	}
 }
 
@@ -446,7 +447,7 @@ func TestOpenPinned(t *testing.T) {
 
 func TestCloseOfNewLeavesMapsOpen(t *testing.T) {
 	sw := load(t, 4)
-	m := maps.New(sw.Objects.Slots, sw.Objects.Members, sw.Objects.Ports, sw.Objects.Counters)
+	m := maps.New(&sw.Objects.XdpaggMaps)
 	if err := m.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}

@@ -66,8 +66,10 @@ func TestShadowCopyRecoversMissedResults(t *testing.T) {
 	if st0.ShadowResults == 0 {
 		t.Errorf("worker 0 got no shadow results: %+v", st0)
 	}
-	if d[maps.CntCompleted] != uint64(n/K) {
-		t.Errorf("completed %d in-switch, want all %d fragments", d[maps.CntCompleted], n/K)
+	// Workers whose windows stalled behind worker 0 resend too; a resend that finds its slot
+	// half-filled flushes it to the PS (ATP), so some fragments complete at the PS.
+	if d[maps.CntCompleted] == 0 || d[maps.CntCompleted] > uint64(n/K) {
+		t.Errorf("completed %d in-switch, want 1..%d fragments", d[maps.CntCompleted], n/K)
 	}
 	var others uint64
 	for _, wk := range b.Workers[1:] {
