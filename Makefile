@@ -36,6 +36,8 @@ lint:
 # The Gloo baseline's tests need python3-torch, so tests install the bench dependencies too.
 test: deps-bench lint
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@# The figures the reliability work promises, printed (go test hides passing tests' output).
+	$(GO) test -count=1 -run 'TestSwitchModel$$|TestFaultScenarios$$' -v ./bpf/ ./netns_tests/ | grep -E 'differential model check|exact  slots leaked|^(ok|FAIL)'
 
 demo: deps build
 	./$(BIN) demo

@@ -131,12 +131,18 @@ func (c WorkerConfig) Validate() error {
 	return nil
 }
 
+// FastLossResults is how many results of later fragments must overtake a fragment before its
+// worker deems it lost and resends it without waiting for the timeout (ATP's three out-of-order
+// parameter packets).
+const FastLossResults = 3
+
 // WorkerStats are a worker's cumulative counters. Every well-formed result of the job counts in
 // exactly one of ResultsReceived, DuplicateResults and OverflowRepairs; ShadowResults,
 // ResultsFromPS and Collisions break ResultsReceived down.
 type WorkerStats struct {
 	DataSent         uint64 // DATA packets sent, retransmissions and float repairs included
-	Retransmits      uint64 // DATA packets resent (F_RESEND) after a timeout
+	Retransmits      uint64 // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
+	FastResends      uint64 // of Retransmits: due because FastLossResults later results overtook the fragment
 	ResultsReceived  uint64 // results that completed a fragment
 	DuplicateResults uint64 // results for fragments already complete or not in the running AllReduce
 	ShadowResults    uint64 // of ResultsReceived: unicast re-sends (F_SHADOW) of a completed sum
@@ -149,7 +155,7 @@ type WorkerStats struct {
 }
 
 type workerCounters struct {
-	dataSent, retransmits, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
+	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
 
 // Worker all-reduces tensors with the other workers of its job through the switch (and the PS).
@@ -208,6 +214,7 @@ type fragment struct {
 	state        fragState
 	repairQueued bool  // the receive goroutine asks AllReduce to send the float32 repair data
 	retries      int   // resends in the current state
+	later        int   // results of later fragments received since this one was (re)sent
 	deadline     int64 // ns since epoch at which to resend
 	plen         int
 	pkt          [MaxPacket]byte // the DATA packet as sent: resends repeat it byte for byte
@@ -258,7 +265,7 @@ func (w *Worker) Config() WorkerConfig { return w.cfg }
 func (w *Worker) Stats() WorkerStats {
 	s := &w.st
 	return WorkerStats{
-		DataSent: s.dataSent.Load(), Retransmits: s.retransmits.Load(),
+		DataSent: s.dataSent.Load(), Retransmits: s.retransmits.Load(), FastResends: s.fastResends.Load(),
 		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
@@ -398,6 +405,7 @@ func (w *Worker) step() (wait int64, err error) {
 					ErrTimeout, i, uint32(seq), w.cfg.JobID, f.retries)
 			}
 			f.retries++
+			f.later = 0
 			flags := binary.LittleEndian.Uint16(f.pkt[offFlags:])
 			binary.LittleEndian.PutUint16(f.pkt[offFlags:], flags|fResend)
 			f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
@@ -409,7 +417,7 @@ func (w *Worker) step() (wait int64, err error) {
 	}
 	for op.next < op.nfrags && op.next < op.low+win {
 		f := &op.ring[op.next%win]
-		f.idx, f.state, f.repairQueued, f.retries = op.next, fragFixed, false, 0
+		f.idx, f.state, f.repairQueued, f.retries, f.later = op.next, fragFixed, false, 0, 0
 		w.encode(f, encFixed32, 0)
 		f.deadline = now + int64(w.cfg.Timeout)
 		earliest = min(earliest, f.deadline)
@@ -566,6 +574,20 @@ func (w *Worker) handleResult(i int) {
 	}
 	f.state, f.repairQueued = fragDone, false
 	w.st.results.Add(1)
+	// ATP's loss detection: results arrive in order unless something was lost, so a fragment
+	// that FastLossResults later results have overtaken is resent now rather than at its
+	// timeout (the resend flushes a half-filled slot to the PS, or gets the shadow copy).
+	win := len(op.ring)
+	for i := op.low; i < int(off); i++ {
+		g := &op.ring[i%win]
+		if g.idx != i || g.state != fragFixed || g.deadline == 0 {
+			continue
+		}
+		if g.later++; g.later >= FastLossResults {
+			g.deadline = 0 // due now: the next step resends it
+			w.st.fastResends.Add(1)
+		}
+	}
 	if h.Flags&fShadow != 0 {
 		w.st.shadow.Add(1)
 	}

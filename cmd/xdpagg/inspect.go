@@ -13,6 +13,13 @@ import (
 	"github.com/xdpagg/xdpagg/maps"
 )
 
+// jobView is one job: its PS, joined workers and the slots it holds by state.
+type jobView struct {
+	maps.Job
+	Aggregating int `json:"slots_aggregating"`
+	Complete    int `json:"slots_complete"`
+}
+
 // inspection is what `xdpagg inspect --json` prints.
 type inspection struct {
 	PinDir   string            `json:"pin_dir"`
@@ -20,6 +27,7 @@ type inspection struct {
 	Counters map[string]uint64 `json:"counters"`
 	Ports    []uint32          `json:"ports"`
 	Members  []maps.Member     `json:"members"`
+	Jobs     []jobView         `json:"jobs"`
 	InUse    int               `json:"slots_in_use"`
 	Slots    []maps.SlotInfo   `json:"slots,omitempty"`
 }
@@ -61,6 +69,32 @@ func runInspect(args []string, stdout io.Writer) error {
 		return err
 	}
 	in.InUse = len(used)
+	jobs, err := m.ListJobs()
+	if err != nil {
+		return err
+	}
+	byJob := map[uint32]*jobView{}
+	for _, j := range jobs {
+		in.Jobs = append(in.Jobs, jobView{Job: j})
+	}
+	for i := range in.Jobs {
+		byJob[in.Jobs[i].JobID] = &in.Jobs[i]
+	}
+	for _, s := range used {
+		jv := byJob[s.JobID]
+		if jv == nil { // slots of a job that left (held until reused or reclaimed)
+			in.Jobs = append(in.Jobs, jobView{Job: maps.Job{JobID: s.JobID}})
+			for i := range in.Jobs {
+				byJob[in.Jobs[i].JobID] = &in.Jobs[i]
+			}
+			jv = byJob[s.JobID]
+		}
+		if s.State == "aggregating" {
+			jv.Aggregating++
+		} else {
+			jv.Complete++
+		}
+	}
 	if *slots {
 		in.Slots = used
 	}
@@ -83,6 +117,15 @@ func runInspect(args []string, stdout io.Writer) error {
 		fmt.Fprintln(tw, "JOB\tWORKER\tIFINDEX\tADDR\tMAC")
 		for _, mb := range in.Members {
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%v\t%v\n", mb.JobID, mb.WorkerID, mb.Ifindex, mb.Addr, mb.MAC)
+		}
+		tw.Flush()
+	}
+	if len(in.Jobs) > 0 {
+		fmt.Fprintln(stdout)
+		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "JOB\tPS\tWORKERS\tSLOTS AGGREGATING\tSLOTS COMPLETE")
+		for _, j := range in.Jobs {
+			fmt.Fprintf(tw, "%d\t%v\t%#x\t%d\t%d\n", j.JobID, j.PS, j.Workers, j.Aggregating, j.Complete)
 		}
 		tw.Flush()
 	}
