@@ -15,8 +15,8 @@ import (
 	"syscall"
 
 	"github.com/xdpagg/xdpagg/bench"
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/bench/capacity"
+	"github.com/xdpagg/xdpagg/bpf"
 )
 
 // benchOutput is what --json prints and bench.json holds.
