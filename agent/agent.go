@@ -37,6 +37,13 @@ type Config struct {
 	MetricsAddr string // host:port for /metrics; empty = no metrics server
 	ReadyFile   string // written (JSON) once the switch is attached and serving; removed on exit
 	Log         *slog.Logger
+	// NoRetransmitCache turns off the switch-CPU retransmit cache (Switch.CacheResults and the
+	// agent's reader of the results ring buffer).
+	NoRetransmitCache bool
+	// CacheAge is how long a result stays cached if not every worker acknowledges it
+	// (default 10s); CacheEntries caps the cache (default 65536 results).
+	CacheAge     time.Duration
+	CacheEntries int
 }
 
 // Ready is what the ready file contains.
@@ -87,6 +94,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	cfg.Switch.CacheResults = !cfg.NoRetransmitCache
+	if cfg.CacheAge == 0 {
+		cfg.CacheAge = 10 * time.Second
+	}
+	if cfg.CacheEntries == 0 {
+		cfg.CacheEntries = 65536
+	}
 	log := cfg.Log
 	root := cfg.PinRoot
 	if root == "" {
@@ -136,6 +150,25 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer ctrl.Close()
+	if sw.Config.CacheResults {
+		cache := NewResultCache(cfg.CacheAge, cfg.CacheEntries)
+		ctrl.SetCache(cache)
+		stop, err := publishCacheStats(ctx, dir, cache, 100*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		defer stop() // before sw.Close (deferred earlier) removes the pin directory
+		feedCtx, feedCancel := context.WithCancel(ctx)
+		feedDone := make(chan error, 1)
+		go func() { feedDone <- feedCache(feedCtx, sw.Maps.Results, cache, log) }()
+		defer func() {
+			feedCancel()
+			if err := <-feedDone; err != nil {
+				log.Error("retransmit cache", "err", err)
+			}
+		}()
+		log.Info("retransmit cache on", "max_age", cfg.CacheAge, "max_entries", cfg.CacheEntries)
+	}
 	ctrlDone := make(chan error, 1)
 	go func() { ctrlDone <- ctrl.Serve(ctx) }()
 

@@ -25,7 +25,12 @@ type ControlServer struct {
 	maps  *maps.Maps
 	log   *slog.Logger
 	ports map[int]net.HardwareAddr // attached ifindex -> port MAC
+	cache *ResultCache             // nil: no retransmit cache (RETRANSMIT answered as a miss)
 }
+
+// SetCache makes the server answer MSG_RETRANSMIT from c and feed it workers' MSG_ACKs. Call
+// before Serve.
+func (c *ControlServer) SetCache(rc *ResultCache) { c.cache = rc }
 
 // ListenControl opens the control socket on the xdpagg port of every local address. ports maps
 // the switch ports' ifindexes to their MACs; messages arriving elsewhere are ignored.
@@ -74,6 +79,23 @@ func (c *ControlServer) Serve(ctx context.Context) error {
 
 var errBadControl = errors.New("malformed control message")
 
+func msgName(t uint8) string {
+	switch bpf.XdpaggMsgType(t) {
+	case bpf.XdpaggMsgTypeMSG_RETRANSMIT:
+		return "RETRANSMIT"
+	case bpf.XdpaggMsgTypeMSG_ACK:
+		return "ACK"
+	}
+	return fmt.Sprintf("type %d", t)
+}
+
+// ipToNetwork is the uint32 whose little-endian bytes are the IPv4 address in network order (the
+// members map's encoding).
+func ipToNetwork(a netip.Addr) uint32 {
+	b := a.Unmap().As4()
+	return binary.LittleEndian.Uint32(b[:])
+}
+
 func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error {
 	var h bpf.XdpaggHdr
 	if len(b) < bpf.HdrSize {
@@ -113,6 +135,36 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return err
 		}
 		c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
+	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
+		// Only a member may ask for (or acknowledge) its job's results, from where it joined.
+		var mv bpf.XdpaggMember
+		mk := bpf.XdpaggMemberKey{JobId: h.JobId, Ifindex: uint32(ifindex)}
+		if err := c.maps.Members.Lookup(&mk, &mv); err != nil {
+			return fmt.Errorf("%w: %s from a non-member of job %d on ifindex %d", errBadControl, msgName(h.Type), h.JobId, ifindex)
+		}
+		port := mv.DstPort>>8 | mv.DstPort<<8
+		if mv.WorkerId != h.WorkerId || port != from.Port() || ipToNetwork(from.Addr()) != mv.DstIp {
+			return fmt.Errorf("%w: %s claims worker %d of job %d from %v", errBadControl, msgName(h.Type), h.WorkerId, h.JobId, from)
+		}
+		if bpf.XdpaggMsgType(h.Type) == bpf.XdpaggMsgTypeMSG_ACK {
+			if c.cache != nil {
+				c.cache.Ack(h.JobId, h.WorkerId, h.Seq) // cumulative: every result before seq
+			}
+			return nil // acknowledgements are not acknowledged
+		}
+		if c.cache != nil {
+			if pkt, ok := c.cache.Get(h.JobId, h.Seq); ok {
+				out := append([]byte(nil), pkt...)
+				fl := binary.LittleEndian.Uint16(out[4:6]) | uint16(bpf.XdpaggFlagF_CACHED)
+				binary.LittleEndian.PutUint16(out[4:6], fl)
+				if _, err := c.raw.WriteTo(out, net.UDPAddrFromAddrPort(from)); err != nil {
+					return fmt.Errorf("send cached result: %w", err)
+				}
+				return nil
+			}
+		}
+		// A miss is answered with ACK (same job and seq), so the worker resends its data at once
+		// instead of waiting for a timeout.
 	default:
 		return fmt.Errorf("%w: type %d not handled by the agent", errBadControl, h.Type)
 	}

@@ -239,7 +239,8 @@ func TestHandleRejects(t *testing.T) {
 		{"version 0", withHdr(func(h *bpf.XdpaggHdr) { h.Version = 0 }), errBadControl, "version 0"},
 		{"job 0", withHdr(func(h *bpf.XdpaggHdr) { h.JobId = 0 }), errBadControl, "job 0"},
 		{"DATA", withHdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_DATA) }), errBadControl, "type 1 not handled"},
-		{"ACK", withHdr(func(h *bpf.XdpaggHdr) { h.Type = msgAck }), errBadControl, "not handled"},
+		{"ACK from a non-member", withHdr(func(h *bpf.XdpaggHdr) { h.Type = msgAck }), errBadControl, "non-member"},
+		{"RETRANSMIT from a non-member", withHdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT) }), errBadControl, "non-member"},
 		{"unknown type", withHdr(func(h *bpf.XdpaggHdr) { h.Type = 200 }), errBadControl, "type 200"},
 		{"worker 32", withHdr(func(h *bpf.XdpaggHdr) { h.WorkerId = 32 }), maps.ErrBadMember, "worker id 32"},
 	} {

@@ -804,3 +804,4 @@ const volatile enum limit unused_limit;
 struct hdr *const volatile unused_hdr;
 struct join_body *const volatile unused_join_body;
 struct result_rec *const volatile unused_result_rec;
+struct cache_stats *const volatile unused_cache_stats;

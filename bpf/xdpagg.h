@@ -75,6 +75,7 @@ enum flag {
 	F_LEVEL1 = 1 << 4,    /* already aggregated by a first-level switch: use bitmap1/fan_in1 (ATP edgeSwitchId) */
 	F_FROM_SWITCH = 1 << 5, /* result produced by the switch (vs. the PS): diagnostics and counters */
 	F_SHADOW = 1 << 6,    /* result re-sent from a completed slot's shadow copy to one worker */
+	F_CACHED = 1 << 7,    /* result re-sent by the switch CPU's retransmit cache (agent) to one worker */
 };
 
 /*
@@ -193,6 +194,22 @@ struct job {
 struct result_rec {
 	struct hdr h;
 	__s32 vals[XAGG_MAX_VALUES];
+};
+
+/*
+ * The agent's retransmit cache, as `xdpagg inspect` sees it: map `cache_stats`, a one-entry ARRAY
+ * (key 0) that the agent creates and pins next to the switch's maps and rewrites as it works.
+ * Host order.
+ */
+struct cache_stats {
+	__u64 entries;       /* results held now */
+	__u64 bytes;         /* their size */
+	__u64 stored;        /* results taken from the `results` ring buffer */
+	__u64 hits;          /* MSG_RETRANSMIT answered from the cache */
+	__u64 misses;        /* MSG_RETRANSMIT for a result not (or no longer) cached: answered with MSG_ACK */
+	__u64 evicted_acked; /* dropped because every worker of the job acknowledged them */
+	__u64 evicted_age;   /* dropped by age (or to stay under the size limit) */
+	__u64 acks;          /* MSG_ACK watermarks received from workers */
 };
 
 /*

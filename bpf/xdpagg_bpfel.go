@@ -22,6 +22,18 @@ type XdpaggBpfDevmapVal struct {
 	}
 }
 
+type XdpaggCacheStats struct {
+	_            structs.HostLayout
+	Entries      uint64
+	Bytes        uint64
+	Stored       uint64
+	Hits         uint64
+	Misses       uint64
+	EvictedAcked uint64
+	EvictedAge   uint64
+	Acks         uint64
+}
+
 type XdpaggCounter uint32
 
 const (
@@ -71,6 +83,7 @@ const (
 	XdpaggFlagF_LEVEL1      XdpaggFlag = 16
 	XdpaggFlagF_FROM_SWITCH XdpaggFlag = 32
 	XdpaggFlagF_SHADOW      XdpaggFlag = 64
+	XdpaggFlagF_CACHED      XdpaggFlag = 128
 )
 
 type XdpaggHdr struct {
@@ -202,30 +215,31 @@ type XdpaggWorkerKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	XdpaggMapCounters        = "counters"
-	XdpaggMapJobs            = "jobs"
-	XdpaggMapMembers         = "members"
-	XdpaggMapPorts           = "ports"
-	XdpaggMapResults         = "results"
-	XdpaggMapScratchBuf      = "scratch_buf"
-	XdpaggMapSlots           = "slots"
-	XdpaggMapWorkers         = "workers"
-	XdpaggProgXdpaggEgress   = "xdpagg_egress"
-	XdpaggProgXdpaggPass     = "xdpagg_pass"
-	XdpaggProgXdpaggSwitch   = "xdpagg_switch"
-	XdpaggVarAggPort         = "agg_port"
-	XdpaggVarCacheResults    = "cache_results"
-	XdpaggVarPoolSize        = "pool_size"
-	XdpaggVarSlotTimeoutNs   = "slot_timeout_ns"
-	XdpaggVarUnusedCounter   = "unused_counter"
-	XdpaggVarUnusedEncoding  = "unused_encoding"
-	XdpaggVarUnusedFlag      = "unused_flag"
-	XdpaggVarUnusedHdr       = "unused_hdr"
-	XdpaggVarUnusedJoinBody  = "unused_join_body"
-	XdpaggVarUnusedLimit     = "unused_limit"
-	XdpaggVarUnusedMsgType   = "unused_msg_type"
-	XdpaggVarUnusedResultRec = "unused_result_rec"
-	XdpaggVarUnusedSlotState = "unused_slot_state"
+	XdpaggMapCounters         = "counters"
+	XdpaggMapJobs             = "jobs"
+	XdpaggMapMembers          = "members"
+	XdpaggMapPorts            = "ports"
+	XdpaggMapResults          = "results"
+	XdpaggMapScratchBuf       = "scratch_buf"
+	XdpaggMapSlots            = "slots"
+	XdpaggMapWorkers          = "workers"
+	XdpaggProgXdpaggEgress    = "xdpagg_egress"
+	XdpaggProgXdpaggPass      = "xdpagg_pass"
+	XdpaggProgXdpaggSwitch    = "xdpagg_switch"
+	XdpaggVarAggPort          = "agg_port"
+	XdpaggVarCacheResults     = "cache_results"
+	XdpaggVarPoolSize         = "pool_size"
+	XdpaggVarSlotTimeoutNs    = "slot_timeout_ns"
+	XdpaggVarUnusedCacheStats = "unused_cache_stats"
+	XdpaggVarUnusedCounter    = "unused_counter"
+	XdpaggVarUnusedEncoding   = "unused_encoding"
+	XdpaggVarUnusedFlag       = "unused_flag"
+	XdpaggVarUnusedHdr        = "unused_hdr"
+	XdpaggVarUnusedJoinBody   = "unused_join_body"
+	XdpaggVarUnusedLimit      = "unused_limit"
+	XdpaggVarUnusedMsgType    = "unused_msg_type"
+	XdpaggVarUnusedResultRec  = "unused_result_rec"
+	XdpaggVarUnusedSlotState  = "unused_slot_state"
 )
 
 // LoadXdpagg returns the embedded CollectionSpec for Xdpagg.
@@ -293,19 +307,20 @@ type XdpaggMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggVariableSpecs struct {
-	AggPort         *ebpf.VariableSpec `ebpf:"agg_port"`
-	CacheResults    *ebpf.VariableSpec `ebpf:"cache_results"`
-	PoolSize        *ebpf.VariableSpec `ebpf:"pool_size"`
-	SlotTimeoutNs   *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
-	UnusedCounter   *ebpf.VariableSpec `ebpf:"unused_counter"`
-	UnusedEncoding  *ebpf.VariableSpec `ebpf:"unused_encoding"`
-	UnusedFlag      *ebpf.VariableSpec `ebpf:"unused_flag"`
-	UnusedHdr       *ebpf.VariableSpec `ebpf:"unused_hdr"`
-	UnusedJoinBody  *ebpf.VariableSpec `ebpf:"unused_join_body"`
-	UnusedLimit     *ebpf.VariableSpec `ebpf:"unused_limit"`
-	UnusedMsgType   *ebpf.VariableSpec `ebpf:"unused_msg_type"`
-	UnusedResultRec *ebpf.VariableSpec `ebpf:"unused_result_rec"`
-	UnusedSlotState *ebpf.VariableSpec `ebpf:"unused_slot_state"`
+	AggPort          *ebpf.VariableSpec `ebpf:"agg_port"`
+	CacheResults     *ebpf.VariableSpec `ebpf:"cache_results"`
+	PoolSize         *ebpf.VariableSpec `ebpf:"pool_size"`
+	SlotTimeoutNs    *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
+	UnusedCacheStats *ebpf.VariableSpec `ebpf:"unused_cache_stats"`
+	UnusedCounter    *ebpf.VariableSpec `ebpf:"unused_counter"`
+	UnusedEncoding   *ebpf.VariableSpec `ebpf:"unused_encoding"`
+	UnusedFlag       *ebpf.VariableSpec `ebpf:"unused_flag"`
+	UnusedHdr        *ebpf.VariableSpec `ebpf:"unused_hdr"`
+	UnusedJoinBody   *ebpf.VariableSpec `ebpf:"unused_join_body"`
+	UnusedLimit      *ebpf.VariableSpec `ebpf:"unused_limit"`
+	UnusedMsgType    *ebpf.VariableSpec `ebpf:"unused_msg_type"`
+	UnusedResultRec  *ebpf.VariableSpec `ebpf:"unused_result_rec"`
+	UnusedSlotState  *ebpf.VariableSpec `ebpf:"unused_slot_state"`
 }
 
 // XdpaggObjects contains all objects after they have been loaded into the kernel.
@@ -355,19 +370,20 @@ func (m *XdpaggMaps) Close() error {
 //
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggVariables struct {
-	AggPort         *ebpf.Variable `ebpf:"agg_port"`
-	CacheResults    *ebpf.Variable `ebpf:"cache_results"`
-	PoolSize        *ebpf.Variable `ebpf:"pool_size"`
-	SlotTimeoutNs   *ebpf.Variable `ebpf:"slot_timeout_ns"`
-	UnusedCounter   *ebpf.Variable `ebpf:"unused_counter"`
-	UnusedEncoding  *ebpf.Variable `ebpf:"unused_encoding"`
-	UnusedFlag      *ebpf.Variable `ebpf:"unused_flag"`
-	UnusedHdr       *ebpf.Variable `ebpf:"unused_hdr"`
-	UnusedJoinBody  *ebpf.Variable `ebpf:"unused_join_body"`
-	UnusedLimit     *ebpf.Variable `ebpf:"unused_limit"`
-	UnusedMsgType   *ebpf.Variable `ebpf:"unused_msg_type"`
-	UnusedResultRec *ebpf.Variable `ebpf:"unused_result_rec"`
-	UnusedSlotState *ebpf.Variable `ebpf:"unused_slot_state"`
+	AggPort          *ebpf.Variable `ebpf:"agg_port"`
+	CacheResults     *ebpf.Variable `ebpf:"cache_results"`
+	PoolSize         *ebpf.Variable `ebpf:"pool_size"`
+	SlotTimeoutNs    *ebpf.Variable `ebpf:"slot_timeout_ns"`
+	UnusedCacheStats *ebpf.Variable `ebpf:"unused_cache_stats"`
+	UnusedCounter    *ebpf.Variable `ebpf:"unused_counter"`
+	UnusedEncoding   *ebpf.Variable `ebpf:"unused_encoding"`
+	UnusedFlag       *ebpf.Variable `ebpf:"unused_flag"`
+	UnusedHdr        *ebpf.Variable `ebpf:"unused_hdr"`
+	UnusedJoinBody   *ebpf.Variable `ebpf:"unused_join_body"`
+	UnusedLimit      *ebpf.Variable `ebpf:"unused_limit"`
+	UnusedMsgType    *ebpf.Variable `ebpf:"unused_msg_type"`
+	UnusedResultRec  *ebpf.Variable `ebpf:"unused_result_rec"`
+	UnusedSlotState  *ebpf.Variable `ebpf:"unused_slot_state"`
 }
 
 // XdpaggPrograms contains all programs after they have been loaded into the kernel.

@@ -73,6 +73,12 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 				w.mu.Unlock()
 				if got {
 					t.Stop()
+					// From now on, results this worker misses are asked of the switch agent's
+					// retransmit cache first; LEAVE turns that off.
+					w.mu.Lock()
+					w.ctrl, w.ctrlSet = sw, typ == uint8(bpf.XdpaggMsgTypeMSG_JOIN)
+					w.ctrlRaw = sockaddr4(sw)
+					w.mu.Unlock()
 					return nil
 				}
 			}

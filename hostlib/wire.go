@@ -48,6 +48,7 @@ const (
 	fLevel1     = uint16(bpf.XdpaggFlagF_LEVEL1)
 	fFromSwitch = uint16(bpf.XdpaggFlagF_FROM_SWITCH)
 	fShadow     = uint16(bpf.XdpaggFlagF_SHADOW)
+	fCached     = uint16(bpf.XdpaggFlagF_CACHED)
 )
 
 // Malformed-packet errors, made once: parsing sits on every receive path, and a flood of garbage

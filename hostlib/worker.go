@@ -140,21 +140,26 @@ const FastLossResults = 3
 // exactly one of ResultsReceived, DuplicateResults and OverflowRepairs; ShadowResults,
 // ResultsFromPS and Collisions break ResultsReceived down.
 type WorkerStats struct {
-	DataSent         uint64 // DATA packets sent, retransmissions and float repairs included
-	Retransmits      uint64 // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
-	FastResends      uint64 // of Retransmits: due because FastLossResults later results overtook the fragment
-	ResultsReceived  uint64 // results that completed a fragment
-	DuplicateResults uint64 // results for fragments already complete or not in the running AllReduce
-	ShadowResults    uint64 // of ResultsReceived: unicast re-sends (F_SHADOW) of a completed sum
-	ResultsFromPS    uint64 // of ResultsReceived: summed by the PS (no F_FROM_SWITCH)
-	Collisions       uint64 // of ResultsReceived: some data went via the PS (F_COLLISION)
-	OverflowRepairs  uint64 // fragments whose fixed-point sum saturated, repaired in float32
-	Malformed        uint64 // packets dropped: unparsable, not a result of this job, or disagreeing with the fragment
-	SendErrors       uint64 // DATA packets the kernel refused to send (the retransmit timer covers them)
-	GSOMessages      uint64 // UDP GSO messages sent, each carrying several DATA packets
+	DataSent         uint64        // DATA packets sent, retransmissions and float repairs included
+	Retransmits      uint64        // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
+	FastResends      uint64        // of Retransmits: due because FastLossResults later results overtook the fragment
+	CacheRequests    uint64        // MSG_RETRANSMIT sent to the switch agent for a lost result
+	CacheResults     uint64        // of ResultsReceived: answered by the agent's retransmit cache (F_CACHED)
+	CacheMisses      uint64        // retransmit requests the agent could not answer (the data was resent)
+	CacheLatency     time.Duration // mean time from a retransmit request to its cached result
+	ResultsReceived  uint64        // results that completed a fragment
+	DuplicateResults uint64        // results for fragments already complete or not in the running AllReduce
+	ShadowResults    uint64        // of ResultsReceived: unicast re-sends (F_SHADOW) of a completed sum
+	ResultsFromPS    uint64        // of ResultsReceived: summed by the PS (no F_FROM_SWITCH)
+	Collisions       uint64        // of ResultsReceived: some data went via the PS (F_COLLISION)
+	OverflowRepairs  uint64        // fragments whose fixed-point sum saturated, repaired in float32
+	Malformed        uint64        // packets dropped: unparsable, not a result of this job, or disagreeing with the fragment
+	SendErrors       uint64        // DATA packets the kernel refused to send (the retransmit timer covers them)
+	GSOMessages      uint64        // UDP GSO messages sent, each carrying several DATA packets
 }
 
 type workerCounters struct {
+	cacheReqs, cacheResults, cacheMisses, cacheLatNs, cacheLatN                                                         atomic.Uint64
 	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
 
@@ -182,6 +187,15 @@ type Worker struct {
 	// Control acknowledgements (Join/Leave), guarded by mu.
 	ackWant uint32 // nonce (seq) of the control message waiting for its MSG_ACK
 	ackGot  bool
+
+	// The switch agent this worker joined (guarded by mu): lost results are asked of its
+	// retransmit cache (MSG_RETRANSMIT), and received ones acknowledged (cumulative MSG_ACK).
+	ctrl    netip.AddrPort
+	ctrlRaw unix.RawSockaddrInet4
+	ctrlSet bool
+	ackPkt  [bpf.HdrSize]byte // the last cumulative ACK queued (stays put until flushed)
+	ackedTo int               // fragments of the running operation acknowledged so far
+	cacheAt map[uint32]int64  // seq -> when its result was asked of the cache (ns since epoch)
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -212,10 +226,12 @@ const (
 type fragment struct {
 	idx          int
 	state        fragState
-	repairQueued bool  // the receive goroutine asks AllReduce to send the float32 repair data
-	retries      int   // resends in the current state
-	later        int   // results of later fragments received since this one was (re)sent
-	deadline     int64 // ns since epoch at which to resend
+	repairQueued bool              // the receive goroutine asks AllReduce to send the float32 repair data
+	retries      int               // resends in the current state
+	later        int               // results of later fragments received since this one was (re)sent
+	askedCache   bool              // a MSG_RETRANSMIT went to the switch agent for this fragment's result
+	ctl          [bpf.HdrSize]byte // the MSG_RETRANSMIT packet (stays put until flushed)
+	deadline     int64             // ns since epoch at which to resend
 	plen         int
 	pkt          [MaxPacket]byte // the DATA packet as sent: resends repeat it byte for byte
 }
@@ -231,7 +247,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	bc, err := listenBatch(cfg.Local, cfg.SocketBuffer, recvBatch, cfg.Window)
+	// One step queues at most one packet per fragment in flight (data, repair or retransmit
+	// request) plus one cumulative ACK.
+	bc, err := listenBatch(cfg.Local, cfg.SocketBuffer, recvBatch, cfg.Window+1)
 	if err != nil {
 		return nil, fmt.Errorf("worker %d of job %d: %w", cfg.WorkerID, cfg.JobID, err)
 	}
@@ -266,6 +284,8 @@ func (w *Worker) Stats() WorkerStats {
 	s := &w.st
 	return WorkerStats{
 		DataSent: s.dataSent.Load(), Retransmits: s.retransmits.Load(), FastResends: s.fastResends.Load(),
+		CacheRequests: s.cacheReqs.Load(), CacheResults: s.cacheResults.Load(), CacheMisses: s.cacheMisses.Load(),
+		CacheLatency:    time.Duration(s.cacheLatNs.Load() / max(s.cacheLatN.Load(), 1)),
 		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
@@ -335,6 +355,8 @@ func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 	w.mu.Lock()
 	w.op.active, w.op.data, w.op.seqBase = true, data, base
 	w.op.nfrags, w.op.low, w.op.next = nfrags, 0, 0
+	w.ackedTo = 0
+	clear(w.cacheAt)
 	w.mu.Unlock()
 	defer func() {
 		// After this, the receive goroutine no longer touches data.
@@ -374,11 +396,27 @@ func (w *Worker) step() (wait int64, err error) {
 		op.low++
 	}
 	if op.low == op.nfrags {
+		// Every result is in: acknowledge them all to the switch agent's retransmit cache.
+		var ack []byte
+		var to netip.AddrPort
+		if w.ctrlSet && w.ackedTo < op.nfrags {
+			ack, to = w.encodeAck(uint32(op.seqBase+uint64(op.nfrags))), w.ctrl
+			w.ackedTo = op.nfrags
+		}
 		w.mu.Unlock()
+		if ack != nil {
+			_, _ = w.bc.conn.WriteToUDPAddrPort(ack, to) // best effort: the cache also ages out
+		}
 		return -1, nil
 	}
 	earliest := int64(math.MaxInt64)
-	var queued, resent uint64
+	var queued, resent, ctlQueued uint64
+	// Acknowledge results in steps of half a window, so the cache can let go of them early.
+	if w.ctrlSet && op.low-w.ackedTo >= max(win/2, 1) {
+		w.bc.queue(&w.ctrlRaw, w.encodeAck(uint32(op.seqBase+uint64(op.low))), nil)
+		w.ackedTo = op.low
+		ctlQueued++
+	}
 	for i := op.low; i < op.next; i++ {
 		f := &op.ring[i%win]
 		switch {
@@ -406,6 +444,25 @@ func (w *Worker) step() (wait int64, err error) {
 			}
 			f.retries++
 			f.later = 0
+			if w.ctrlSet && !f.askedCache && f.state == fragFixed {
+				// Libra: a result lost on the way to this worker alone is in the switch CPU's
+				// cache; asking it costs no partner a resend. A miss is answered at once (ACK)
+				// and the data goes out then.
+				f.askedCache = true
+				seq := uint32(op.seqBase + uint64(i))
+				EncodeHeader(f.ctl[:], &bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT),
+					JobId: w.cfg.JobID, Seq: seq, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
+				if w.cacheAt == nil {
+					w.cacheAt = map[uint32]int64{}
+				}
+				w.cacheAt[seq] = now
+				f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
+				w.bc.queue(&w.ctrlRaw, f.ctl[:], nil)
+				ctlQueued++
+				w.st.cacheReqs.Add(1)
+				earliest = min(earliest, f.deadline)
+				continue
+			}
 			flags := binary.LittleEndian.Uint16(f.pkt[offFlags:])
 			binary.LittleEndian.PutUint16(f.pkt[offFlags:], flags|fResend)
 			f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
@@ -417,7 +474,7 @@ func (w *Worker) step() (wait int64, err error) {
 	}
 	for op.next < op.nfrags && op.next < op.low+win {
 		f := &op.ring[op.next%win]
-		f.idx, f.state, f.repairQueued, f.retries, f.later = op.next, fragFixed, false, 0, 0
+		f.idx, f.state, f.repairQueued, f.retries, f.later, f.askedCache = op.next, fragFixed, false, 0, 0, false
 		w.encode(f, encFixed32, 0)
 		f.deadline = now + int64(w.cfg.Timeout)
 		earliest = min(earliest, f.deadline)
@@ -430,7 +487,7 @@ func (w *Worker) step() (wait int64, err error) {
 	// Send outside the lock: the receive goroutine keeps taking results meanwhile. The queued
 	// buffers stay put: a ring entry is reused only for a fragment past low+Window, which a later
 	// step queues after this flush.
-	if queued > 0 {
+	if queued > 0 || ctlQueued > 0 {
 		w.st.dataSent.Add(queued)
 		w.st.retransmits.Add(resent)
 		refused, lastErr, err := w.bc.flush()
@@ -446,6 +503,15 @@ func (w *Worker) step() (wait int64, err error) {
 		}
 	}
 	return max(earliest-int64(time.Since(w.epoch)), 0), nil
+}
+
+// encodeAck writes the cumulative MSG_ACK "every result before seq upTo is here" into ackPkt.
+// Called with mu held; the buffer stays put until the next ack, which a later step queues only
+// after this one's flush.
+func (w *Worker) encodeAck(upTo uint32) []byte {
+	EncodeHeader(w.ackPkt[:], &bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: w.cfg.JobID, Seq: upTo,
+		WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
+	return w.ackPkt[:]
 }
 
 // encode writes fragment f's DATA packet from the (still original) tensor values. Called with mu
@@ -524,6 +590,17 @@ func (w *Worker) handleResult(i int) {
 	if err == nil && h.Type == msgAck && h.JobId == w.cfg.JobID {
 		if h.Seq == w.ackWant {
 			w.ackGot = true
+			return
+		}
+		// The agent's answer to a retransmit request it could not serve: resend the data now.
+		op := &w.op
+		off := int64(h.Seq - uint32(op.seqBase))
+		if op.active && off >= int64(op.low) && off < int64(op.next) {
+			if f := &op.ring[int(off)%len(op.ring)]; f.idx == int(off) && f.askedCache && f.state == fragFixed {
+				f.deadline = 0
+				w.st.cacheMisses.Add(1)
+				delete(w.cacheAt, h.Seq)
+			}
 		}
 		return
 	}
@@ -590,6 +667,14 @@ func (w *Worker) handleResult(i int) {
 	}
 	if h.Flags&fShadow != 0 {
 		w.st.shadow.Add(1)
+	}
+	if h.Flags&fCached != 0 {
+		w.st.cacheResults.Add(1)
+		if at, ok := w.cacheAt[h.Seq]; ok {
+			w.st.cacheLatNs.Add(uint64(int64(time.Since(w.epoch)) - at))
+			w.st.cacheLatN.Add(1)
+			delete(w.cacheAt, h.Seq)
+		}
 	}
 	if h.Flags&fFromSwitch == 0 {
 		w.st.fromPS.Add(1)

@@ -480,3 +480,38 @@ func (m *Maps) ListPorts() ([]uint32, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out, nil
 }
+
+// CacheStatsName is the map the agent pins next to the switch's maps with its retransmit
+// cache's statistics (one bpf.XdpaggCacheStats at key 0).
+const CacheStatsName = "cache_stats"
+
+// CacheStats is the agent's retransmit cache as `xdpagg inspect` shows it.
+type CacheStats struct {
+	Entries      uint64 `json:"entries"`
+	Bytes        uint64 `json:"bytes"`
+	Stored       uint64 `json:"stored"`
+	Hits         uint64 `json:"hits"`
+	Misses       uint64 `json:"misses"`
+	EvictedAcked uint64 `json:"evicted_acked"`
+	EvictedAge   uint64 `json:"evicted_age"`
+	Acks         uint64 `json:"acks"`
+}
+
+// ReadCacheStats reads the retransmit-cache statistics of the switch pinned under dir. ok is
+// false when its agent runs without the cache.
+func ReadCacheStats(dir string) (st CacheStats, ok bool, err error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", CacheStatsName), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, unix.ENOENT) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, fmt.Errorf("open %s: %w", CacheStatsName, err)
+	}
+	defer m.Close()
+	var v bpf.XdpaggCacheStats
+	if err := m.Lookup(uint32(0), &v); err != nil {
+		return st, false, fmt.Errorf("read %s: %w", CacheStatsName, err)
+	}
+	return CacheStats{Entries: v.Entries, Bytes: v.Bytes, Stored: v.Stored, Hits: v.Hits, Misses: v.Misses,
+		EvictedAcked: v.EvictedAcked, EvictedAge: v.EvictedAge, Acks: v.Acks}, true, nil
+}

@@ -54,6 +54,9 @@ type inspectOut struct {
 	} `json:"members"`
 	Ports []uint32 `json:"ports"`
 	InUse int      `json:"slots_in_use"`
+	Cache *struct {
+		Entries, Stored, Hits, Misses, EvictedAcked uint64
+	} `json:"retransmit_cache"`
 }
 
 func inspect(t *testing.T, bin, pinRoot string) inspectOut {
@@ -94,45 +97,8 @@ func TestCLISwitchInspect(t *testing.T) {
 		}
 	})
 
-	ready := filepath.Join(t.TempDir(), "ready.json")
-	var ports []string
-	for _, h := range tp.Hosts() {
-		ports = append(ports, h.Port)
-	}
-	var stderr bytes.Buffer
-	cmd := exec.Command("ip", "netns", "exec", tp.SwitchNS, bin, "switch", "--name", "t", "--pin-root", pinRoot,
-		"--iface", strings.Join(ports, ","), "--pool", "256", "--ready-file", ready, "--metrics-addr", "127.0.0.1:0")
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	// Wait for the ready file (the daemon's own signal), or for the daemon to die.
-	deadline := time.After(30 * time.Second)
-	for {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("switch exited before ready: %v\n%s", err, stderr.String())
-		case <-deadline:
-			t.Fatalf("switch not ready after 30s\n%s", stderr.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	var rd agent.Ready
-	b, _ := os.ReadFile(ready)
-	if err := json.Unmarshal(b, &rd); err != nil || rd.PinDir == "" {
-		t.Fatalf("ready file %q: %v", b, err)
-	}
+	sw := startSwitch(t, bin, pinRoot, tp, "--pool", "256", "--metrics-addr", "127.0.0.1:0")
+	ready, rd, cmd, exited, stderr, ports := sw.readyFile, sw.ready, sw.cmd, sw.exited, &sw.stderr, sw.ports
 
 	first := inspect(t, bin, pinRoot)
 	if len(first.Ports) != 3 {
@@ -230,4 +196,57 @@ func TestCLISwitchInspect(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// cliSwitch is an `xdpagg switch` process running in a topology's switch namespace.
+type cliSwitch struct {
+	cmd       *exec.Cmd
+	exited    chan error
+	stderr    bytes.Buffer
+	readyFile string
+	ready     agent.Ready
+	ports     []string
+}
+
+// startSwitch runs `xdpagg switch --name t` on every port of tp (plus extra flags) and waits for
+// its ready file; the process is killed at cleanup if the test has not stopped it.
+func startSwitch(t *testing.T, bin, pinRoot string, tp *topo.Topology, extra ...string) *cliSwitch {
+	t.Helper()
+	sw := &cliSwitch{exited: make(chan error, 1), readyFile: filepath.Join(t.TempDir(), "ready.json")}
+	for _, h := range tp.Hosts() {
+		sw.ports = append(sw.ports, h.Port)
+	}
+	args := append([]string{"netns", "exec", tp.SwitchNS, bin, "switch", "--name", "t", "--pin-root", pinRoot,
+		"--iface", strings.Join(sw.ports, ","), "--ready-file", sw.readyFile}, extra...)
+	sw.cmd = exec.Command("ip", args...)
+	sw.cmd.Stderr = &sw.stderr
+	if err := sw.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { sw.exited <- sw.cmd.Wait() }()
+	t.Cleanup(func() {
+		if sw.cmd.ProcessState == nil {
+			_ = sw.cmd.Process.Kill()
+			<-sw.exited
+		}
+	})
+	// Wait for the ready file (the daemon's own signal), or for the daemon to die.
+	deadline := time.After(30 * time.Second)
+	for {
+		if _, err := os.Stat(sw.readyFile); err == nil {
+			break
+		}
+		select {
+		case err := <-sw.exited:
+			t.Fatalf("switch exited before ready: %v\n%s", err, sw.stderr.String())
+		case <-deadline:
+			t.Fatalf("switch not ready after 30s\n%s", sw.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	b, _ := os.ReadFile(sw.readyFile)
+	if err := json.Unmarshal(b, &sw.ready); err != nil || sw.ready.PinDir == "" {
+		t.Fatalf("ready file %q: %v", b, err)
+	}
+	return sw
 }

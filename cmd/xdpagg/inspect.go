@@ -28,6 +28,7 @@ type inspection struct {
 	Ports    []uint32          `json:"ports"`
 	Members  []maps.Member     `json:"members"`
 	Jobs     []jobView         `json:"jobs"`
+	Cache    *maps.CacheStats  `json:"retransmit_cache,omitempty"` // nil: the agent runs without it
 	InUse    int               `json:"slots_in_use"`
 	Slots    []maps.SlotInfo   `json:"slots,omitempty"`
 }
@@ -69,6 +70,11 @@ func runInspect(args []string, stdout io.Writer) error {
 		return err
 	}
 	in.InUse = len(used)
+	if cs, ok, err := maps.ReadCacheStats(dir); err != nil {
+		return err
+	} else if ok {
+		in.Cache = &cs
+	}
 	jobs, err := m.ListJobs()
 	if err != nil {
 		return err
@@ -128,6 +134,10 @@ func runInspect(args []string, stdout io.Writer) error {
 			fmt.Fprintf(tw, "%d\t%v\t%#x\t%d\t%d\n", j.JobID, j.PS, j.Workers, j.Aggregating, j.Complete)
 		}
 		tw.Flush()
+	}
+	if c := in.Cache; c != nil {
+		fmt.Fprintf(stdout, "\nretransmit cache: %d results (%d bytes); stored %d, hits %d, misses %d, evicted %d acknowledged + %d by age; %d worker acks\n",
+			c.Entries, c.Bytes, c.Stored, c.Hits, c.Misses, c.EvictedAcked, c.EvictedAge, c.Acks)
 	}
 	if *slots && len(used) > 0 {
 		sort.Slice(used, func(i, j int) bool { return used[i].Index < used[j].Index })

@@ -18,15 +18,17 @@ import (
 func runSwitch(args []string, _ io.Writer) error {
 	fs := flag.NewFlagSet("switch", flag.ContinueOnError)
 	var (
-		ifaces  = fs.String("iface", "", "comma-separated switch ports to attach (required), e.g. eth1,eth2")
-		name    = fs.String("name", "default", "switch name; maps are pinned under <pin-root>/<name>")
-		pinRoot = fs.String("pin-root", agent.DefaultPinRoot, "bpffs directory for pins (mounted if needed)")
-		port    = fs.Uint("port", uint(loader.DefaultPort), "UDP port of xdpagg traffic")
-		pool    = fs.Uint("pool", 4096, "aggregator slots; workers must use the same value")
-		timeout = fs.Duration("slot-timeout", 5*time.Second, "idle time after which a completed slot may be taken by another job")
-		generic = fs.Bool("generic", false, "attach in generic (skb) XDP mode instead of native")
-		metrics = fs.String("metrics-addr", "", "serve Prometheus metrics at host:port (empty: off)")
-		ready   = fs.String("ready-file", "", "write this JSON file once serving (for scripts and tests); removed on exit")
+		ifaces   = fs.String("iface", "", "comma-separated switch ports to attach (required), e.g. eth1,eth2")
+		name     = fs.String("name", "default", "switch name; maps are pinned under <pin-root>/<name>")
+		pinRoot  = fs.String("pin-root", agent.DefaultPinRoot, "bpffs directory for pins (mounted if needed)")
+		port     = fs.Uint("port", uint(loader.DefaultPort), "UDP port of xdpagg traffic")
+		pool     = fs.Uint("pool", 4096, "aggregator slots; workers must use the same value")
+		timeout  = fs.Duration("slot-timeout", 5*time.Second, "idle time after which a completed slot may be taken by another job")
+		generic  = fs.Bool("generic", false, "attach in generic (skb) XDP mode instead of native")
+		metrics  = fs.String("metrics-addr", "", "serve Prometheus metrics at host:port (empty: off)")
+		ready    = fs.String("ready-file", "", "write this JSON file once serving (for scripts and tests); removed on exit")
+		noCache  = fs.Bool("no-retransmit-cache", false, "do not keep completed sums on the switch CPU for workers' retransmit requests")
+		cacheAge = fs.Duration("cache-age", 10*time.Second, "longest a result stays in the retransmit cache when not every worker acknowledged it")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -40,10 +42,15 @@ func runSwitch(args []string, _ io.Writer) error {
 	if *pool == 0 || *pool > loader.MaxPoolSize {
 		return fmt.Errorf("%w: --pool %d: use 1..%d", errUsage, *pool, loader.MaxPoolSize)
 	}
+	if *cacheAge <= 0 {
+		return fmt.Errorf("%w: --cache-age %v: use a positive duration, e.g. 10s", errUsage, *cacheAge)
+	}
 	cfg := agent.Config{
-		Name:       *name,
-		Interfaces: strings.Split(*ifaces, ","),
-		PinRoot:    *pinRoot,
+		NoRetransmitCache: *noCache,
+		CacheAge:          *cacheAge,
+		Name:              *name,
+		Interfaces:        strings.Split(*ifaces, ","),
+		PinRoot:           *pinRoot,
 		Switch: loader.Config{Port: uint16(*port), PoolSize: uint32(*pool), SlotTimeout: *timeout,
 			Generic: *generic},
 		MetricsAddr: *metrics,

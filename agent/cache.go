@@ -1,0 +1,188 @@
+package agent
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/xdpagg/xdpagg/bpf"
+)
+
+// ResultCache is the switch CPU's copy of completed in-switch sums (Libra §3.6): the XDP program
+// copies every result it broadcasts into the `results` ring buffer, the agent keeps it here until
+// every worker of the job has acknowledged it (or it ages out), and a worker that lost a result
+// asks for it with MSG_RETRANSMIT instead of making the switch (and its partners) redo work.
+//
+// The shadow copy in the slot answers most losses too; the cache still answers after the slot
+// was taken by another fragment or job, and it answers without touching the data path.
+type ResultCache struct {
+	mu      sync.Mutex
+	maxAge  time.Duration
+	maxSize int
+	entries map[cacheKey]*cacheEntry
+	jobs    map[uint32]*jobAcks
+	st      bpf.XdpaggCacheStats
+}
+
+type cacheKey struct{ job, seq uint32 }
+
+type cacheEntry struct {
+	pkt  []byte // header + values as on the wire (MSG_RESULT, little-endian)
+	want uint32 // workers that must acknowledge it (the result's contributor bitmap)
+	at   time.Time
+}
+
+// jobAcks holds each worker's cumulative acknowledgement: it has every result of seq < upTo.
+type jobAcks struct {
+	upTo map[uint8]uint32
+}
+
+// NewResultCache makes a cache that keeps results at most maxAge and holds at most maxEntries.
+func NewResultCache(maxAge time.Duration, maxEntries int) *ResultCache {
+	return &ResultCache{maxAge: maxAge, maxSize: maxEntries, entries: map[cacheKey]*cacheEntry{}, jobs: map[uint32]*jobAcks{}}
+}
+
+// errBadRecord reports a ring-buffer record that is not a result.
+var errBadRecord = fmt.Errorf("malformed result record")
+
+// Store takes one `results` ring-buffer record (struct result_rec).
+func (c *ResultCache) Store(rec []byte, now time.Time) error {
+	if len(rec) < bpf.HdrSize {
+		return fmt.Errorf("%w: %d bytes", errBadRecord, len(rec))
+	}
+	var h bpf.XdpaggHdr
+	if _, err := binary.Decode(rec[:bpf.HdrSize], binary.LittleEndian, &h); err != nil {
+		return fmt.Errorf("%w: %w", errBadRecord, err)
+	}
+	n := bpf.HdrSize + 4*int(h.Count)
+	if h.Type != uint8(bpf.XdpaggMsgTypeMSG_RESULT) || h.Count == 0 || int(h.Count) > bpf.MaxValues || n > len(rec) {
+		return fmt.Errorf("%w: type %d count %d in %d bytes", errBadRecord, h.Type, h.Count, len(rec))
+	}
+	want := h.Bitmap0
+	if h.Flags&uint16(bpf.XdpaggFlagF_LEVEL1) != 0 {
+		want = h.Bitmap1
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := cacheKey{h.JobId, h.Seq}
+	if old, ok := c.entries[k]; ok {
+		c.st.Bytes -= uint64(len(old.pkt))
+		c.st.Entries--
+	}
+	// Drop what a worker already acknowledged having (a late copy of an old result).
+	if c.ackedByAll(h.JobId, h.Seq, want) {
+		c.st.Stored++
+		c.st.EvictedAcked++
+		return nil
+	}
+	c.entries[k] = &cacheEntry{pkt: append([]byte(nil), rec[:n]...), want: want, at: now}
+	c.st.Stored++
+	c.st.Entries++
+	c.st.Bytes += uint64(n)
+	if c.maxSize > 0 && len(c.entries) > c.maxSize {
+		c.evictOldest()
+	}
+	return nil
+}
+
+// Get returns the cached result <job, seq> for a retransmit request, counting a hit or a miss.
+func (c *ResultCache) Get(job, seq uint32) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[cacheKey{job, seq}]
+	if !ok {
+		c.st.Misses++
+		return nil, false
+	}
+	c.st.Hits++
+	return e.pkt, true
+}
+
+// Ack records that worker id of job has every result with seq before upTo (serial arithmetic),
+// and evicts what all of the job's workers now have.
+func (c *ResultCache) Ack(job uint32, id uint8, upTo uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.st.Acks++
+	ja := c.jobs[job]
+	if ja == nil {
+		ja = &jobAcks{upTo: map[uint8]uint32{}}
+		c.jobs[job] = ja
+	}
+	if old, ok := ja.upTo[id]; ok && int32(upTo-old) <= 0 {
+		return // stale or repeated watermark
+	}
+	ja.upTo[id] = upTo
+	for k, e := range c.entries {
+		if k.job == job && c.ackedByAll(job, k.seq, e.want) {
+			c.remove(k, e)
+			c.st.EvictedAcked++
+		}
+	}
+}
+
+// ackedByAll: every worker in want has acknowledged <job, seq>. Called with mu held.
+func (c *ResultCache) ackedByAll(job, seq, want uint32) bool {
+	ja := c.jobs[job]
+	if ja == nil || want == 0 {
+		return false
+	}
+	for id := range uint8(bpf.MaxWorkers) {
+		if want&(1<<id) == 0 {
+			continue
+		}
+		up, ok := ja.upTo[id]
+		if !ok || int32(seq-up) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Sweep evicts results older than the cache's maximum age.
+func (c *ResultCache) Sweep(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, e := range c.entries {
+		if now.Sub(e.at) > c.maxAge {
+			c.remove(k, e)
+			c.st.EvictedAge++
+		}
+	}
+}
+
+// ForgetJob drops a job's acknowledgement state (its workers left).
+func (c *ResultCache) ForgetJob(job uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.jobs, job)
+}
+
+// Stats returns the cache's counters.
+func (c *ResultCache) Stats() bpf.XdpaggCacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st
+}
+
+func (c *ResultCache) remove(k cacheKey, e *cacheEntry) {
+	delete(c.entries, k)
+	c.st.Entries--
+	c.st.Bytes -= uint64(len(e.pkt))
+}
+
+// evictOldest drops the oldest entry (size limit). O(n), only when over the limit.
+func (c *ResultCache) evictOldest() {
+	var ok cacheKey
+	var oe *cacheEntry
+	for k, e := range c.entries {
+		if oe == nil || e.at.Before(oe.at) {
+			ok, oe = k, e
+		}
+	}
+	if oe != nil {
+		c.remove(ok, oe)
+		c.st.EvictedAge++
+	}
+}
