@@ -31,6 +31,8 @@ volatile const __u16 agg_port = XAGG_DEFAULT_PORT;  /* UDP port of xdpagg traffi
 volatile const __u32 pool_size = 1;                 /* slots in `slots`; agg_index must be below */
 volatile const __u64 slot_timeout_ns = 5000000000ULL; /* idle age after which any slot may be taken by anyone */
 volatile const __u32 cache_results = 0; /* nonzero: copy every completed sum to `results` (agent's retransmit cache) */
+volatile const __u64 port_rate_Bps = 0;     /* ports' capacity for the ECN phantom queue, bytes/s; 0: no marking */
+volatile const __u64 ecn_threshold_bytes = 65536; /* phantom backlog above which DATA is marked F_ECN */
 
 #ifndef XAGG_POOL_SIZE
 #define XAGG_POOL_SIZE 4096 /* default max_entries of `slots`; the loader sets the real pool size */
@@ -99,6 +101,16 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, XAGG_RESULTS_RING);
 } results SEC(".maps");
+
+/* Phantom queues for ECN marking. Key: ingress ifindex (u32, host order). Value: struct
+ * port_queue (host order, spin-locked). Entries are made by the program on a port's first packet
+ * when port_rate_Bps is set. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XAGG_MAX_PORTS);
+	__type(key, __u32);
+	__type(value, struct port_queue);
+} port_queues SEC(".maps");
 
 /* Verdict counters. Key: 0 (one entry). Value: struct counters per CPU, indexed by enum counter,
  * host order. One entry, looked up once per packet: a switch touches each register array once per
@@ -724,6 +736,39 @@ static __always_inline int handle_result(struct counters *ctr, struct pkt *p)
 	return broadcast(ctr);
 }
 
+/* Account len bytes arriving at the port to its phantom queue, which drains at port_rate_Bps.
+ * Returns nonzero when the backlog is over ecn_threshold_bytes: the link into this port carries
+ * more than its capacity (whoever sends it: TCP counts too). Every packet is accounted, so the
+ * XDP program sees the port's whole arrival rate, not just xdpagg's. */
+static __always_inline int port_congested(struct xdp_md *ctx, __u64 len, int data)
+{
+	__u32 ifindex = ctx->ingress_ifindex;
+	struct port_queue *q = bpf_map_lookup_elem(&port_queues, &ifindex);
+	if (!q) {
+		struct port_queue zero = {};
+		bpf_map_update_elem(&port_queues, &ifindex, &zero, BPF_NOEXIST);
+		q = bpf_map_lookup_elem(&port_queues, &ifindex);
+		if (!q)
+			return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	int over;
+	bpf_spin_lock(&q->lock);
+	__u64 dt = now - q->last_ns;
+	/* Drain: dt * rate / 1e9, without overflowing for long idle gaps (cap dt at 1 s). */
+	if (dt > 1000000000ULL)
+		dt = 1000000000ULL;
+	__u64 drained = dt * (port_rate_Bps >> 10) / (1000000000ULL >> 10);
+	q->vq_bytes = q->vq_bytes > drained ? q->vq_bytes - drained : 0;
+	q->vq_bytes += len;
+	q->last_ns = now;
+	over = q->vq_bytes > ecn_threshold_bytes;
+	if (over && data)
+		q->marks++;
+	bpf_spin_unlock(&q->lock);
+	return over;
+}
+
 SEC("xdp")
 int xdpagg_switch(struct xdp_md *ctx)
 {
@@ -733,6 +778,8 @@ int xdpagg_switch(struct xdp_md *ctx)
 
 	int pr = parse(&c, &p);
 	if (pr == PARSE_NOT_OURS) {
+		if (port_rate_Bps)
+			port_congested(ctx, ctx->data_end - ctx->data, 0); /* cross traffic fills the link too */
 		count(ctr, CNT_NON_AGG);
 		return XDP_PASS;
 	}
@@ -743,6 +790,12 @@ int xdpagg_switch(struct xdp_md *ctx)
 	}
 	switch (p.h->type) {
 	case MSG_DATA:
+		if (port_rate_Bps && port_congested(ctx, ctx->data_end - ctx->data, 1)) {
+			/* ATP: congestion marks ride in the DATA to the slot (OR-ed) and on to the result
+			 * (or via the PS), which every worker of the job sees: one signal per job. */
+			p.h->flags |= F_ECN;
+			count(ctr, CNT_ECN_MARKED);
+		}
 		return handle_data(ctx, ctr, &p);
 	case MSG_RESULT:
 		return handle_result(ctr, &p);

@@ -197,6 +197,19 @@ struct result_rec {
 };
 
 /*
+ * Congestion at a switch port as XDP ingress can see it: a phantom (virtual) queue of the
+ * arrival rate against the port's configured capacity (HULL). Map `port_queues`, HASH keyed by
+ * ingress ifindex (u32, host order), created on a port's first packet. Host order.
+ */
+struct port_queue {
+	struct bpf_spin_lock lock;
+	__u32 pad;
+	__u64 vq_bytes; /* virtual backlog: bytes arrived beyond what the capacity drains */
+	__u64 last_ns;  /* bpf_ktime_get_ns() of the last update */
+	__u64 marks;    /* DATA packets marked F_ECN at this port */
+};
+
+/*
  * The agent's retransmit cache, as `xdpagg inspect` sees it: map `cache_stats`, a one-entry ARRAY
  * (key 0) that the agent creates and pins next to the switch's maps and rewrites as it works.
  * Host order.
@@ -241,6 +254,7 @@ enum counter {
 	CNT_FLUSHED,         /* resends that flushed a half-filled slot's partial aggregate to the PS (ATP) */
 	CNT_CACHED,          /* completed sums copied to the agent's retransmit cache (ring buffer) */
 	CNT_CACHE_FULL,      /* completed sums the ring buffer had no room for */
+	CNT_ECN_MARKED,      /* DATA that arrived while its port's phantom queue was over the threshold: F_ECN set */
 	CNT_MAX,
 };
 

@@ -57,12 +57,13 @@ const (
 	XdpaggCounterCNT_FLUSHED      XdpaggCounter = 17
 	XdpaggCounterCNT_CACHED       XdpaggCounter = 18
 	XdpaggCounterCNT_CACHE_FULL   XdpaggCounter = 19
-	XdpaggCounterCNT_MAX          XdpaggCounter = 20
+	XdpaggCounterCNT_ECN_MARKED   XdpaggCounter = 20
+	XdpaggCounterCNT_MAX          XdpaggCounter = 21
 )
 
 type XdpaggCounters struct {
 	_   structs.HostLayout
-	Cnt [20]uint64
+	Cnt [21]uint64
 }
 
 type XdpaggEncoding uint32
@@ -159,6 +160,18 @@ const (
 	XdpaggMsgTypeMSG_HEARTBEAT  XdpaggMsgType = 8
 )
 
+type XdpaggPortQueue struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad     uint32
+	VqBytes uint64
+	LastNs  uint64
+	Marks   uint64
+}
+
 type XdpaggResultRec struct {
 	_    structs.HostLayout
 	H    XdpaggHdr
@@ -215,31 +228,34 @@ type XdpaggWorkerKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	XdpaggMapCounters         = "counters"
-	XdpaggMapJobs             = "jobs"
-	XdpaggMapMembers          = "members"
-	XdpaggMapPorts            = "ports"
-	XdpaggMapResults          = "results"
-	XdpaggMapScratchBuf       = "scratch_buf"
-	XdpaggMapSlots            = "slots"
-	XdpaggMapWorkers          = "workers"
-	XdpaggProgXdpaggEgress    = "xdpagg_egress"
-	XdpaggProgXdpaggPass      = "xdpagg_pass"
-	XdpaggProgXdpaggSwitch    = "xdpagg_switch"
-	XdpaggVarAggPort          = "agg_port"
-	XdpaggVarCacheResults     = "cache_results"
-	XdpaggVarPoolSize         = "pool_size"
-	XdpaggVarSlotTimeoutNs    = "slot_timeout_ns"
-	XdpaggVarUnusedCacheStats = "unused_cache_stats"
-	XdpaggVarUnusedCounter    = "unused_counter"
-	XdpaggVarUnusedEncoding   = "unused_encoding"
-	XdpaggVarUnusedFlag       = "unused_flag"
-	XdpaggVarUnusedHdr        = "unused_hdr"
-	XdpaggVarUnusedJoinBody   = "unused_join_body"
-	XdpaggVarUnusedLimit      = "unused_limit"
-	XdpaggVarUnusedMsgType    = "unused_msg_type"
-	XdpaggVarUnusedResultRec  = "unused_result_rec"
-	XdpaggVarUnusedSlotState  = "unused_slot_state"
+	XdpaggMapCounters          = "counters"
+	XdpaggMapJobs              = "jobs"
+	XdpaggMapMembers           = "members"
+	XdpaggMapPortQueues        = "port_queues"
+	XdpaggMapPorts             = "ports"
+	XdpaggMapResults           = "results"
+	XdpaggMapScratchBuf        = "scratch_buf"
+	XdpaggMapSlots             = "slots"
+	XdpaggMapWorkers           = "workers"
+	XdpaggProgXdpaggEgress     = "xdpagg_egress"
+	XdpaggProgXdpaggPass       = "xdpagg_pass"
+	XdpaggProgXdpaggSwitch     = "xdpagg_switch"
+	XdpaggVarAggPort           = "agg_port"
+	XdpaggVarCacheResults      = "cache_results"
+	XdpaggVarEcnThresholdBytes = "ecn_threshold_bytes"
+	XdpaggVarPoolSize          = "pool_size"
+	XdpaggVarPortRateBps       = "port_rate_Bps"
+	XdpaggVarSlotTimeoutNs     = "slot_timeout_ns"
+	XdpaggVarUnusedCacheStats  = "unused_cache_stats"
+	XdpaggVarUnusedCounter     = "unused_counter"
+	XdpaggVarUnusedEncoding    = "unused_encoding"
+	XdpaggVarUnusedFlag        = "unused_flag"
+	XdpaggVarUnusedHdr         = "unused_hdr"
+	XdpaggVarUnusedJoinBody    = "unused_join_body"
+	XdpaggVarUnusedLimit       = "unused_limit"
+	XdpaggVarUnusedMsgType     = "unused_msg_type"
+	XdpaggVarUnusedResultRec   = "unused_result_rec"
+	XdpaggVarUnusedSlotState   = "unused_slot_state"
 )
 
 // LoadXdpagg returns the embedded CollectionSpec for Xdpagg.
@@ -296,6 +312,7 @@ type XdpaggMapSpecs struct {
 	Counters   *ebpf.MapSpec `ebpf:"counters"`
 	Jobs       *ebpf.MapSpec `ebpf:"jobs"`
 	Members    *ebpf.MapSpec `ebpf:"members"`
+	PortQueues *ebpf.MapSpec `ebpf:"port_queues"`
 	Ports      *ebpf.MapSpec `ebpf:"ports"`
 	Results    *ebpf.MapSpec `ebpf:"results"`
 	ScratchBuf *ebpf.MapSpec `ebpf:"scratch_buf"`
@@ -307,20 +324,22 @@ type XdpaggMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggVariableSpecs struct {
-	AggPort          *ebpf.VariableSpec `ebpf:"agg_port"`
-	CacheResults     *ebpf.VariableSpec `ebpf:"cache_results"`
-	PoolSize         *ebpf.VariableSpec `ebpf:"pool_size"`
-	SlotTimeoutNs    *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
-	UnusedCacheStats *ebpf.VariableSpec `ebpf:"unused_cache_stats"`
-	UnusedCounter    *ebpf.VariableSpec `ebpf:"unused_counter"`
-	UnusedEncoding   *ebpf.VariableSpec `ebpf:"unused_encoding"`
-	UnusedFlag       *ebpf.VariableSpec `ebpf:"unused_flag"`
-	UnusedHdr        *ebpf.VariableSpec `ebpf:"unused_hdr"`
-	UnusedJoinBody   *ebpf.VariableSpec `ebpf:"unused_join_body"`
-	UnusedLimit      *ebpf.VariableSpec `ebpf:"unused_limit"`
-	UnusedMsgType    *ebpf.VariableSpec `ebpf:"unused_msg_type"`
-	UnusedResultRec  *ebpf.VariableSpec `ebpf:"unused_result_rec"`
-	UnusedSlotState  *ebpf.VariableSpec `ebpf:"unused_slot_state"`
+	AggPort           *ebpf.VariableSpec `ebpf:"agg_port"`
+	CacheResults      *ebpf.VariableSpec `ebpf:"cache_results"`
+	EcnThresholdBytes *ebpf.VariableSpec `ebpf:"ecn_threshold_bytes"`
+	PoolSize          *ebpf.VariableSpec `ebpf:"pool_size"`
+	PortRateBps       *ebpf.VariableSpec `ebpf:"port_rate_Bps"`
+	SlotTimeoutNs     *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
+	UnusedCacheStats  *ebpf.VariableSpec `ebpf:"unused_cache_stats"`
+	UnusedCounter     *ebpf.VariableSpec `ebpf:"unused_counter"`
+	UnusedEncoding    *ebpf.VariableSpec `ebpf:"unused_encoding"`
+	UnusedFlag        *ebpf.VariableSpec `ebpf:"unused_flag"`
+	UnusedHdr         *ebpf.VariableSpec `ebpf:"unused_hdr"`
+	UnusedJoinBody    *ebpf.VariableSpec `ebpf:"unused_join_body"`
+	UnusedLimit       *ebpf.VariableSpec `ebpf:"unused_limit"`
+	UnusedMsgType     *ebpf.VariableSpec `ebpf:"unused_msg_type"`
+	UnusedResultRec   *ebpf.VariableSpec `ebpf:"unused_result_rec"`
+	UnusedSlotState   *ebpf.VariableSpec `ebpf:"unused_slot_state"`
 }
 
 // XdpaggObjects contains all objects after they have been loaded into the kernel.
@@ -346,6 +365,7 @@ type XdpaggMaps struct {
 	Counters   *ebpf.Map `ebpf:"counters"`
 	Jobs       *ebpf.Map `ebpf:"jobs"`
 	Members    *ebpf.Map `ebpf:"members"`
+	PortQueues *ebpf.Map `ebpf:"port_queues"`
 	Ports      *ebpf.Map `ebpf:"ports"`
 	Results    *ebpf.Map `ebpf:"results"`
 	ScratchBuf *ebpf.Map `ebpf:"scratch_buf"`
@@ -358,6 +378,7 @@ func (m *XdpaggMaps) Close() error {
 		m.Counters,
 		m.Jobs,
 		m.Members,
+		m.PortQueues,
 		m.Ports,
 		m.Results,
 		m.ScratchBuf,
@@ -370,20 +391,22 @@ func (m *XdpaggMaps) Close() error {
 //
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggVariables struct {
-	AggPort          *ebpf.Variable `ebpf:"agg_port"`
-	CacheResults     *ebpf.Variable `ebpf:"cache_results"`
-	PoolSize         *ebpf.Variable `ebpf:"pool_size"`
-	SlotTimeoutNs    *ebpf.Variable `ebpf:"slot_timeout_ns"`
-	UnusedCacheStats *ebpf.Variable `ebpf:"unused_cache_stats"`
-	UnusedCounter    *ebpf.Variable `ebpf:"unused_counter"`
-	UnusedEncoding   *ebpf.Variable `ebpf:"unused_encoding"`
-	UnusedFlag       *ebpf.Variable `ebpf:"unused_flag"`
-	UnusedHdr        *ebpf.Variable `ebpf:"unused_hdr"`
-	UnusedJoinBody   *ebpf.Variable `ebpf:"unused_join_body"`
-	UnusedLimit      *ebpf.Variable `ebpf:"unused_limit"`
-	UnusedMsgType    *ebpf.Variable `ebpf:"unused_msg_type"`
-	UnusedResultRec  *ebpf.Variable `ebpf:"unused_result_rec"`
-	UnusedSlotState  *ebpf.Variable `ebpf:"unused_slot_state"`
+	AggPort           *ebpf.Variable `ebpf:"agg_port"`
+	CacheResults      *ebpf.Variable `ebpf:"cache_results"`
+	EcnThresholdBytes *ebpf.Variable `ebpf:"ecn_threshold_bytes"`
+	PoolSize          *ebpf.Variable `ebpf:"pool_size"`
+	PortRateBps       *ebpf.Variable `ebpf:"port_rate_Bps"`
+	SlotTimeoutNs     *ebpf.Variable `ebpf:"slot_timeout_ns"`
+	UnusedCacheStats  *ebpf.Variable `ebpf:"unused_cache_stats"`
+	UnusedCounter     *ebpf.Variable `ebpf:"unused_counter"`
+	UnusedEncoding    *ebpf.Variable `ebpf:"unused_encoding"`
+	UnusedFlag        *ebpf.Variable `ebpf:"unused_flag"`
+	UnusedHdr         *ebpf.Variable `ebpf:"unused_hdr"`
+	UnusedJoinBody    *ebpf.Variable `ebpf:"unused_join_body"`
+	UnusedLimit       *ebpf.Variable `ebpf:"unused_limit"`
+	UnusedMsgType     *ebpf.Variable `ebpf:"unused_msg_type"`
+	UnusedResultRec   *ebpf.Variable `ebpf:"unused_result_rec"`
+	UnusedSlotState   *ebpf.Variable `ebpf:"unused_slot_state"`
 }
 
 // XdpaggPrograms contains all programs after they have been loaded into the kernel.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 )
 
@@ -607,5 +608,42 @@ func TestHeaderLayout(t *testing.T) {
 	h := b[offHdr:offVals]
 	if h[0] != bpf.Version || h[1] != msgData || h[8] != 4 || h[11] != 1 || h[12] != 8 || h[16] != 9 || h[20] != 8 || h[28] != 4 || h[30] != 3 {
 		t.Fatalf("header bytes %x do not follow the little-endian wire layout", h)
+	}
+}
+
+// The phantom queue marks DATA with F_ECN once a port's arrivals outrun its configured rate; the
+// mark is OR-ed into the slot and reaches the result. Off (PortRate 0), nothing is marked.
+func TestPhantomQueueECN(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  loader.Config
+		mark bool
+	}{
+		{"off", loader.Config{PoolSize: poolSize}, false},
+		{"1 KB/s, 200-byte threshold", loader.Config{PoolSize: poolSize, PortRate: 1000, ECNThreshold: 200}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sl, err := loader.Load(tc.cfg)
+			skipIfUnsupported(t, "load switch", err)
+			t.Cleanup(func() { sl.Close() })
+			s := &sw{Switch: sl}
+			enroll(t, sl.Maps, loIfindex, testJobs...)
+			s.base = s.counters(t)
+			// Three 100-value frames of one fragment (fan-in 3): ~500 bytes each, far beyond a
+			// 200-byte backlog at 1 KB/s from the second frame on.
+			vals := mkVals(100, func(i int) int32 { return int32(i) })
+			var out []byte
+			for w := range uint8(3) {
+				_, out = s.run(t, dataFrame(2, 50, 4, w, 3, vals...))
+			}
+			res := decode(t, out)
+			marked := s.counters(t).Sub(s.base)[maps.CntECNMarked]
+			if got := res.hdr.Flags&fECN != 0; got != tc.mark {
+				t.Errorf("result F_ECN = %v, want %v (ecn_marked %d)", got, tc.mark, marked)
+			}
+			if tc.mark && marked < 2 || !tc.mark && marked != 0 {
+				t.Errorf("ecn_marked = %d", marked)
+			}
+		})
 	}
 }

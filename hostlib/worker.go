@@ -57,6 +57,11 @@ type WorkerConfig struct {
 	// equal-size packets as UDP GSO messages (UDP_SEGMENT) and falls back to per-datagram sends
 	// for good if the kernel refuses them (see Worker.GSO).
 	NoGSO bool
+	// NoCongestionControl keeps Window fragments in flight whatever the network says. By
+	// default the worker runs ATP's AIMD on its window: it halves (at most once per window of
+	// data) on a result carrying F_ECN and grows by one fragment per window of clean results,
+	// between 1 and Window.
+	NoCongestionControl bool
 	// ValuesPerPacket is K, the values one fragment carries: as many as the path MTU holds,
 	// bpf.ValuesForMTU(mtu). Default bpf.StdValues (360, a 1500-byte MTU); at most bpf.MaxValues
 	// (832, MTU 3388). Every worker of a job must use the same K: it decides the fragments.
@@ -147,6 +152,10 @@ type WorkerStats struct {
 	CacheResults     uint64        // of ResultsReceived: answered by the agent's retransmit cache (F_CACHED)
 	CacheMisses      uint64        // retransmit requests the agent could not answer (the data was resent)
 	CacheLatency     time.Duration // mean time from a retransmit request to its cached result
+	ECNResults       uint64        // results that carried F_ECN (congestion on the job's path)
+	WindowCuts       uint64        // multiplicative decreases of the congestion window
+	CongestionWindow float64       // fragments the worker may have in flight now (AIMD), at most Window
+	MinWindow        float64       // the smallest congestion window so far
 	ResultsReceived  uint64        // results that completed a fragment
 	DuplicateResults uint64        // results for fragments already complete or not in the running AllReduce
 	ShadowResults    uint64        // of ResultsReceived: unicast re-sends (F_SHADOW) of a completed sum
@@ -160,6 +169,7 @@ type WorkerStats struct {
 
 type workerCounters struct {
 	cacheReqs, cacheResults, cacheMisses, cacheLatNs, cacheLatN                                                         atomic.Uint64
+	ecnResults, windowCuts, cwndMilli, minCwndMilli                                                                     atomic.Uint64
 	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
 
@@ -196,6 +206,12 @@ type Worker struct {
 	ackPkt  [bpf.HdrSize]byte // the last cumulative ACK queued (stays put until flushed)
 	ackedTo int               // fragments of the running operation acknowledged so far
 	cacheAt map[uint32]int64  // seq -> when its result was asked of the cache (ns since epoch)
+
+	// AIMD congestion window (guarded by mu): fragments allowed in flight, 1..Window. After a
+	// cut, ECN on results of fragments sent before it is not cut again (one cut per RTT).
+	cwnd    float64
+	cutSeq  uint32
+	cutDone bool
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -266,6 +282,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	}
 	w.timer.Stop()
 	w.op.ring = make([]fragment, cfg.Window)
+	w.cwnd = float64(cfg.Window)
+	w.st.cwndMilli.Store(uint64(cfg.Window) * 1000)
+	w.st.minCwndMilli.Store(uint64(cfg.Window) * 1000)
 	if !cfg.NoGSO {
 		bc.enableGSO()
 	}
@@ -285,7 +304,9 @@ func (w *Worker) Stats() WorkerStats {
 	return WorkerStats{
 		DataSent: s.dataSent.Load(), Retransmits: s.retransmits.Load(), FastResends: s.fastResends.Load(),
 		CacheRequests: s.cacheReqs.Load(), CacheResults: s.cacheResults.Load(), CacheMisses: s.cacheMisses.Load(),
-		CacheLatency:    time.Duration(s.cacheLatNs.Load() / max(s.cacheLatN.Load(), 1)),
+		CacheLatency: time.Duration(s.cacheLatNs.Load() / max(s.cacheLatN.Load(), 1)),
+		ECNResults:   s.ecnResults.Load(), WindowCuts: s.windowCuts.Load(),
+		CongestionWindow: float64(s.cwndMilli.Load()) / 1000, MinWindow: float64(s.minCwndMilli.Load()) / 1000,
 		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
@@ -442,12 +463,13 @@ func (w *Worker) step() (wait int64, err error) {
 				return 0, fmt.Errorf("%w: fragment %d (seq %d) of job %d got no result after %d resends",
 					ErrTimeout, i, uint32(seq), w.cfg.JobID, f.retries)
 			}
-			f.retries++
 			f.later = 0
 			if w.ctrlSet && !f.askedCache && f.state == fragFixed {
 				// Libra: a result lost on the way to this worker alone is in the switch CPU's
-				// cache; asking it costs no partner a resend. A miss is answered at once (ACK)
-				// and the data goes out then.
+				// cache; asking it costs no partner anything. So a joined worker asks at half
+				// its timeout (or on three later results), and resends its data, which would
+				// make the switch flush the slot to the PS, only at the full timeout. A miss
+				// (MSG_ACK) means the sum is not complete: the data timer stays.
 				f.askedCache = true
 				seq := uint32(op.seqBase + uint64(i))
 				EncodeHeader(f.ctl[:], &bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT),
@@ -456,13 +478,14 @@ func (w *Worker) step() (wait int64, err error) {
 					w.cacheAt = map[uint32]int64{}
 				}
 				w.cacheAt[seq] = now
-				f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
+				f.deadline = now + int64(w.cfg.Timeout)/2
 				w.bc.queue(&w.ctrlRaw, f.ctl[:], nil)
 				ctlQueued++
 				w.st.cacheReqs.Add(1)
 				earliest = min(earliest, f.deadline)
 				continue
 			}
+			f.retries++
 			flags := binary.LittleEndian.Uint16(f.pkt[offFlags:])
 			binary.LittleEndian.PutUint16(f.pkt[offFlags:], flags|fResend)
 			f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
@@ -472,11 +495,18 @@ func (w *Worker) step() (wait int64, err error) {
 		}
 		earliest = min(earliest, f.deadline)
 	}
-	for op.next < op.nfrags && op.next < op.low+win {
+	limit := win
+	if !w.cfg.NoCongestionControl {
+		limit = max(1, min(win, int(w.cwnd)))
+	}
+	for op.next < op.nfrags && op.next < op.low+limit {
 		f := &op.ring[op.next%win]
 		f.idx, f.state, f.repairQueued, f.retries, f.later, f.askedCache = op.next, fragFixed, false, 0, 0, false
 		w.encode(f, encFixed32, 0)
 		f.deadline = now + int64(w.cfg.Timeout)
+		if w.ctrlSet {
+			f.deadline = now + int64(w.cfg.Timeout)/2 // first ask the retransmit cache
+		}
 		earliest = min(earliest, f.deadline)
 		w.bc.queue(&w.psAddr, f.pkt[:f.plen], nil)
 		queued++
@@ -503,6 +533,28 @@ func (w *Worker) step() (wait int64, err error) {
 		}
 	}
 	return max(earliest-int64(time.Since(w.epoch)), 0), nil
+}
+
+// adjustWindow runs ATP's AIMD on a result: halve on F_ECN (once per window of data: ECN on
+// results of fragments sent before the last cut is the same congestion), else grow by 1/cwnd
+// (one fragment per window of results). Called with mu held.
+func (w *Worker) adjustWindow(ecn bool, seq uint32) {
+	if ecn {
+		w.st.ecnResults.Add(1)
+		if !w.cutDone || int32(seq-w.cutSeq) >= 0 {
+			w.cwnd = max(1, w.cwnd/2)
+			w.cutSeq = uint32(w.op.seqBase + uint64(w.op.next))
+			w.cutDone = true
+			w.st.windowCuts.Add(1)
+		}
+	} else {
+		w.cwnd = min(float64(w.cfg.Window), w.cwnd+1/w.cwnd)
+	}
+	m := uint64(w.cwnd * 1000)
+	w.st.cwndMilli.Store(m)
+	if m < w.st.minCwndMilli.Load() {
+		w.st.minCwndMilli.Store(m)
+	}
 }
 
 // encodeAck writes the cumulative MSG_ACK "every result before seq upTo is here" into ackPkt.
@@ -592,13 +644,12 @@ func (w *Worker) handleResult(i int) {
 			w.ackGot = true
 			return
 		}
-		// The agent's answer to a retransmit request it could not serve: resend the data now.
+		// The agent's answer to a retransmit request it could not serve.
 		op := &w.op
 		off := int64(h.Seq - uint32(op.seqBase))
 		if op.active && off >= int64(op.low) && off < int64(op.next) {
 			if f := &op.ring[int(off)%len(op.ring)]; f.idx == int(off) && f.askedCache && f.state == fragFixed {
-				f.deadline = 0
-				w.st.cacheMisses.Add(1)
+				w.st.cacheMisses.Add(1) // not complete yet (or evicted): the data timer decides
 				delete(w.cacheAt, h.Seq)
 			}
 		}
@@ -651,6 +702,9 @@ func (w *Worker) handleResult(i int) {
 	}
 	f.state, f.repairQueued = fragDone, false
 	w.st.results.Add(1)
+	if !w.cfg.NoCongestionControl {
+		w.adjustWindow(h.Flags&fECN != 0, h.Seq)
+	}
 	// ATP's loss detection: results arrive in order unless something was lost, so a fragment
 	// that FastLossResults later results have overtaken is resent now rather than at its
 	// timeout (the resend flushes a half-filled slot to the PS, or gets the shadow copy).

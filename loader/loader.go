@@ -53,6 +53,11 @@ type Config struct {
 	// the agent's retransmit cache. Whoever sets it must consume the ring (agent.Run does);
 	// when it is full, copies are dropped and counted (cache_full).
 	CacheResults bool
+	// PortRate is each port's capacity in bytes per second for ECN marking: the switch keeps a
+	// phantom queue of everything arriving at a port, drained at this rate, and marks xdpagg
+	// DATA with F_ECN while its backlog exceeds ECNThreshold (default 64 KiB). 0: no marking.
+	PortRate     uint64
+	ECNThreshold uint64
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -100,6 +105,10 @@ func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
 		bpf.XdpaggVarPoolSize:      cfg.PoolSize,
 		bpf.XdpaggVarSlotTimeoutNs: uint64(cfg.SlotTimeout.Nanoseconds()),
 		bpf.XdpaggVarCacheResults:  uint32(0),
+		bpf.XdpaggVarPortRateBps:   cfg.PortRate,
+	}
+	if cfg.ECNThreshold > 0 {
+		sets[bpf.XdpaggVarEcnThresholdBytes] = cfg.ECNThreshold
 	}
 	if cfg.CacheResults {
 		sets[bpf.XdpaggVarCacheResults] = uint32(1)

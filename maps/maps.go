@@ -48,6 +48,7 @@ const (
 	CntFlushed     = bpf.XdpaggCounterCNT_FLUSHED
 	CntCached      = bpf.XdpaggCounterCNT_CACHED
 	CntCacheFull   = bpf.XdpaggCounterCNT_CACHE_FULL
+	CntECNMarked   = bpf.XdpaggCounterCNT_ECN_MARKED
 	NumCounters    = int(bpf.XdpaggCounterCNT_MAX)
 )
 
@@ -75,6 +76,7 @@ var counterNames = [NumCounters]string{
 	CntFlushed:     "flushed",
 	CntCached:      "cached",
 	CntCacheFull:   "cache_full",
+	CntECNMarked:   "ecn_marked",
 }
 
 // CounterName is the stable snake_case name of a counter (used in JSON and metrics).

@@ -27,6 +27,8 @@ func runSwitch(args []string, _ io.Writer) error {
 		generic  = fs.Bool("generic", false, "attach in generic (skb) XDP mode instead of native")
 		metrics  = fs.String("metrics-addr", "", "serve Prometheus metrics at host:port (empty: off)")
 		ready    = fs.String("ready-file", "", "write this JSON file once serving (for scripts and tests); removed on exit")
+		portMbps = fs.Uint64("port-rate-mbps", 0, "ports' capacity in Mbit/s for ECN marking (a phantom queue per port marks xdpagg data at this arrival rate); 0: off")
+		ecnBytes = fs.Uint64("ecn-threshold", 64<<10, "phantom-queue backlog in bytes above which data is marked F_ECN")
 		noCache  = fs.Bool("no-retransmit-cache", false, "do not keep completed sums on the switch CPU for workers' retransmit requests")
 		cacheAge = fs.Duration("cache-age", 10*time.Second, "longest a result stays in the retransmit cache when not every worker acknowledged it")
 	)
@@ -52,7 +54,7 @@ func runSwitch(args []string, _ io.Writer) error {
 		Interfaces:        strings.Split(*ifaces, ","),
 		PinRoot:           *pinRoot,
 		Switch: loader.Config{Port: uint16(*port), PoolSize: uint32(*pool), SlotTimeout: *timeout,
-			Generic: *generic},
+			Generic: *generic, PortRate: *portMbps * 1_000_000 / 8, ECNThreshold: *ecnBytes},
 		MetricsAddr: *metrics,
 		ReadyFile:   *ready,
 	}
