@@ -76,6 +76,7 @@ enum flag {
 	F_FROM_SWITCH = 1 << 5, /* result produced by the switch (vs. the PS): diagnostics and counters */
 	F_SHADOW = 1 << 6,    /* result re-sent from a completed slot's shadow copy to one worker */
 	F_CACHED = 1 << 7,    /* result re-sent by the switch CPU's retransmit cache (agent) to one worker */
+	F_REHASH = 1 << 8,    /* PS result after a collision: bitmap1 is the new slot for this seq's slot offset (ATP) */
 };
 
 /*

@@ -85,6 +85,7 @@ const (
 	XdpaggFlagF_FROM_SWITCH XdpaggFlag = 32
 	XdpaggFlagF_SHADOW      XdpaggFlag = 64
 	XdpaggFlagF_CACHED      XdpaggFlag = 128
+	XdpaggFlagF_REHASH      XdpaggFlag = 256
 )
 
 type XdpaggHdr struct {

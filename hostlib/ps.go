@@ -57,6 +57,10 @@ type PSConfig struct {
 	// oldest of its table: tables are not globally ordered); if every entry is still
 	// aggregating, new fragments are dropped (PSStats.Dropped) and their workers retransmit.
 	MaxEntries int
+	// PoolSize is the switch's slot pool. With it, a fragment that reached the PS through a
+	// collision gets a new slot for its offset (ATP's rehash, F_REHASH; see slots.go). 0: no
+	// rehash. Unused with Direct.
+	PoolSize uint32
 }
 
 // WithDefaults returns c with zero fields set to their defaults and addresses unmapped to IPv4.
@@ -127,10 +131,11 @@ type PSStats struct {
 	// unknown (it only ever contributed inside a multi-bit partial sum); it gets the result when
 	// it retransmits.
 	Unaddressed uint64
+	Rehashes    uint64 // of Completed: collided fragments whose result moved their offset to a new slot (F_REHASH)
 }
 
 type psCounters struct {
-	received, aggregated, duplicates, completed, resent, malformed, overflows, stale, dropped, unaddressed atomic.Uint64
+	received, aggregated, duplicates, completed, resent, malformed, overflows, stale, dropped, unaddressed, rehashes atomic.Uint64
 }
 
 // PS is the parameter server: it sums the fragments the switch could not (collisions, float32
@@ -156,6 +161,9 @@ type PS struct {
 	halt      atomic.Bool // one receive goroutine failed: the others stop too
 	closeOnce sync.Once
 	closed    atomic.Bool
+
+	remapMu sync.Mutex
+	remaps  map[uint32]*jobRemaps // ATP rehash state by job
 }
 
 // psSock is one shard's socket and what its receive goroutine owns.
@@ -231,7 +239,7 @@ func NewPS(cfg PSConfig) (*PS, error) {
 	if cfg.Direct {
 		sbatch = recvBatch * bpf.MaxWorkers
 	}
-	p := &PS{cfg: cfg, epoch: time.Now()}
+	p := &PS{cfg: cfg, epoch: time.Now(), remaps: map[uint32]*jobRemaps{}}
 	if !cfg.Direct {
 		p.switchSa = sockaddr4(cfg.Switch)
 	}
@@ -282,6 +290,7 @@ func (p *PS) Stats() PSStats {
 		t.Stale += s.stale.Load()
 		t.Dropped += s.dropped.Load()
 		t.Unaddressed += s.unaddressed.Load()
+		t.Rehashes += s.rehashes.Load()
 	}
 	return t
 }
@@ -494,6 +503,23 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 	}
 }
 
+// rehash picks a new slot for the offset of a collided fragment (header h: its job, seq and, in
+// bitmap1, its workers' window).
+func (p *PS) rehash(h *bpf.XdpaggHdr) (uint32, bool) {
+	pool, win := p.cfg.PoolSize, h.Bitmap1
+	if pool == 0 || p.cfg.Direct || win == 0 || 2*win >= pool {
+		return 0, false
+	}
+	p.remapMu.Lock()
+	defer p.remapMu.Unlock()
+	r := p.remaps[h.JobId]
+	if r == nil || r.window != win {
+		r = &jobRemaps{window: win, targets: map[uint32]uint32{}, owner: map[uint32]uint32{}}
+		p.remaps[h.JobId] = r
+	}
+	return r.pick(h.JobId, h.Seq, h.Seq%(2*win), SlotBase(h.JobId, pool), pool)
+}
+
 // admit makes room for one more entry in t (whose lock is held), within MaxEntries.
 func (p *PS) admit(t *psTable) bool {
 	if p.nentries.Add(1) <= int64(p.cfg.MaxEntries) || p.makeRoom(t) {
@@ -608,6 +634,16 @@ func (p *PS) complete(s *psSock, t *psTable, e *psEntry, now int64) {
 	}
 	h := e.tmpl
 	h.Type = msgResult
+	if !e.level1 {
+		h.Bitmap1 = 0
+		if flags&fCollision != 0 {
+			if t, ok := p.rehash(&e.tmpl); ok {
+				flags |= fRehash
+				h.Bitmap1 = t
+				s.st.rehashes.Add(1)
+			}
+		}
+	}
 	h.Flags = flags
 	if e.level1 {
 		h.Bitmap1 = e.bitmap

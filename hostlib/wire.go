@@ -49,6 +49,7 @@ const (
 	fFromSwitch = uint16(bpf.XdpaggFlagF_FROM_SWITCH)
 	fShadow     = uint16(bpf.XdpaggFlagF_SHADOW)
 	fCached     = uint16(bpf.XdpaggFlagF_CACHED)
+	fRehash     = uint16(bpf.XdpaggFlagF_REHASH)
 )
 
 // Malformed-packet errors, made once: parsing sits on every receive path, and a flood of garbage

@@ -154,6 +154,7 @@ type WorkerStats struct {
 	CacheLatency     time.Duration // mean time from a retransmit request to its cached result
 	ECNResults       uint64        // results that carried F_ECN (congestion on the job's path)
 	WindowCuts       uint64        // multiplicative decreases of the congestion window
+	Rehashes         uint64        // slot offsets moved by the PS after collisions (ATP's rehash)
 	CongestionWindow float64       // fragments the worker may have in flight now (AIMD), at most Window
 	MinWindow        float64       // the smallest congestion window so far
 	ResultsReceived  uint64        // results that completed a fragment
@@ -170,6 +171,7 @@ type WorkerStats struct {
 type workerCounters struct {
 	cacheReqs, cacheResults, cacheMisses, cacheLatNs, cacheLatN                                                         atomic.Uint64
 	ecnResults, windowCuts, cwndMilli, minCwndMilli                                                                     atomic.Uint64
+	rehashes                                                                                                            atomic.Uint64
 	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
 
@@ -212,6 +214,8 @@ type Worker struct {
 	cwnd    float64
 	cutSeq  uint32
 	cutDone bool
+
+	remap map[uint32]slotRemap // slot offset (seq % 2W) -> ATP rehash from the PS; guarded by mu
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -306,6 +310,7 @@ func (w *Worker) Stats() WorkerStats {
 		CacheRequests: s.cacheReqs.Load(), CacheResults: s.cacheResults.Load(), CacheMisses: s.cacheMisses.Load(),
 		CacheLatency: time.Duration(s.cacheLatNs.Load() / max(s.cacheLatN.Load(), 1)),
 		ECNResults:   s.ecnResults.Load(), WindowCuts: s.windowCuts.Load(),
+		Rehashes:         s.rehashes.Load(),
 		CongestionWindow: float64(s.cwndMilli.Load()) / 1000, MinWindow: float64(s.minCwndMilli.Load()) / 1000,
 		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
@@ -535,6 +540,15 @@ func (w *Worker) step() (wait int64, err error) {
 	return max(earliest-int64(time.Since(w.epoch)), 0), nil
 }
 
+// aggIndex is fragment seq's slot: the job's rotation, or the PS's rehash of its offset. Called
+// with mu held.
+func (w *Worker) aggIndex(seq uint64) uint32 {
+	if r, ok := w.remap[uint32(seq%uint64(2*w.cfg.Window))]; ok && seq > r.from {
+		return r.idx
+	}
+	return aggIndexFrom(w.slotBase, seq, w.cfg.Window, w.cfg.PoolSize)
+}
+
 // adjustWindow runs ATP's AIMD on a result: halve on F_ECN (once per window of data: ECN on
 // results of fragments sent before the last cut is the same congestion), else grow by 1/cwnd
 // (one fragment per window of results). Called with mu held.
@@ -593,8 +607,9 @@ func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
 		Count:     uint16(len(vals)),
 		JobId:     w.cfg.JobID,
 		Seq:       uint32(seq),
-		AggIndex:  aggIndexFrom(w.slotBase, seq, w.cfg.Window, w.cfg.PoolSize),
+		AggIndex:  w.aggIndex(seq),
 		Bitmap0:   1 << w.cfg.WorkerID,
+		Bitmap1:   uint32(w.cfg.Window), // level 0: tells the PS the job's rotation (rehash)
 		FanIn0:    w.cfg.NumWorkers,
 		WorkerId:  w.cfg.WorkerID,
 	}
@@ -673,7 +688,7 @@ func (w *Worker) handleResult(i int) {
 	k := w.cfg.ValuesPerPacket
 	lo := f.idx * k
 	dst := op.data[lo:min(lo+k, len(op.data))]
-	if int(h.Count) != len(dst) || h.AggIndex != aggIndexFrom(w.slotBase, op.seqBase+uint64(off), w.cfg.Window, w.cfg.PoolSize) {
+	if int(h.Count) != len(dst) || h.AggIndex != w.aggIndex(op.seqBase+uint64(off)) {
 		w.st.malformed.Add(1)
 		return
 	}
@@ -735,5 +750,18 @@ func (w *Worker) handleResult(i int) {
 	}
 	if h.Flags&fCollision != 0 {
 		w.st.collisions.Add(1)
+	}
+	if h.Flags&fRehash != 0 && h.Flags&fLevel1 == 0 && h.Bitmap1 < w.cfg.PoolSize {
+		// ATP: this offset's later fragments use the PS's new slot. Every worker gets this
+		// result before it sends the offset's next fragment (seq + 2W), so they move together.
+		seq := op.seqBase + uint64(off)
+		o := uint32(seq % uint64(2*w.cfg.Window))
+		if r, ok := w.remap[o]; !ok || seq > r.from {
+			if w.remap == nil {
+				w.remap = map[uint32]slotRemap{}
+			}
+			w.remap[o] = slotRemap{idx: h.Bitmap1, from: seq}
+			w.st.rehashes.Add(1)
+		}
 	}
 }

@@ -227,7 +227,7 @@ func TestWorkerUsesItsSlots(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := bpf.XdpaggHdr{Version: bpf.Version, Type: msgData, Encoding: encFixed32, ScaleLog2: 24,
-			Count: uint16(K), JobId: 3, Seq: uint32(i), AggIndex: AggIndex(3, uint64(i), 4, 64), Bitmap0: 1, FanIn0: 2}
+			Count: uint16(K), JobId: 3, Seq: uint32(i), AggIndex: AggIndex(3, uint64(i), 4, 64), Bitmap0: 1, Bitmap1: 4, FanIn0: 2}
 		if h != want || len(vals) != 4*K {
 			t.Fatalf("fragment %d header %+v, want %+v", i, h, want)
 		}
