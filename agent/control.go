@@ -107,6 +107,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	if h.Version != bpf.Version || h.JobId == 0 {
 		return fmt.Errorf("%w: version %d job %d", errBadControl, h.Version, h.JobId)
 	}
+	if h.Reserved != 0 || h.Count != 0 {
+		return fmt.Errorf("%w: reserved %d, count %d: control messages carry neither", errBadControl, h.Reserved, h.Count)
+	}
 	portMAC, ok := c.ports[ifindex]
 	if !ok {
 		return fmt.Errorf("%w: arrived on ifindex %d, not a switch port", errBadControl, ifindex)
@@ -117,7 +120,19 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if _, err := binary.Decode(b[bpf.HdrSize:], binary.LittleEndian, &body); err != nil {
 			return fmt.Errorf("%w: join body: %w", errBadControl, err)
 		}
+		if body.Reserved != 0 {
+			return fmt.Errorf("%w: join body reserved %#x, must be 0", errBadControl, body.Reserved)
+		}
 		if bpf.XdpaggMsgType(h.Type) == bpf.XdpaggMsgTypeMSG_LEAVE {
+			// Only the member itself may leave (same worker id, address and port).
+			var mv bpf.XdpaggMember
+			mk := bpf.XdpaggMemberKey{JobId: h.JobId, Ifindex: uint32(ifindex)}
+			if err := c.maps.Members.Lookup(&mk, &mv); err == nil {
+				port := mv.DstPort>>8 | mv.DstPort<<8
+				if mv.WorkerId != h.WorkerId || port != from.Port() || ipToNetwork(from.Addr()) != mv.DstIp {
+					return fmt.Errorf("%w: LEAVE claims worker %d of job %d from %v", errBadControl, h.WorkerId, h.JobId, from)
+				}
+			}
 			// A resent LEAVE (its ACK was lost) finds the member gone: acknowledge it again.
 			if err := c.maps.DeleteMember(h.JobId, uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err

@@ -216,6 +216,7 @@ type Worker struct {
 	cutDone bool
 
 	remap map[uint32]slotRemap // slot offset (seq % 2W) -> ATP rehash from the PS; guarded by mu
+	srtt  int64                // smoothed result round trip (ns), for fast loss detection; guarded by mu
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -249,6 +250,7 @@ type fragment struct {
 	repairQueued bool              // the receive goroutine asks AllReduce to send the float32 repair data
 	retries      int               // resends in the current state
 	later        int               // results of later fragments received since this one was (re)sent
+	sentAt       int64             // when it was last sent (ns since epoch)
 	askedCache   bool              // a MSG_RETRANSMIT went to the switch agent for this fragment's result
 	ctl          [bpf.HdrSize]byte // the MSG_RETRANSMIT packet (stays put until flushed)
 	deadline     int64             // ns since epoch at which to resend
@@ -287,6 +289,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	w.timer.Stop()
 	w.op.ring = make([]fragment, cfg.Window)
 	w.cwnd = float64(cfg.Window)
+	w.srtt = int64(cfg.Timeout) / 4
 	w.st.cwndMilli.Store(uint64(cfg.Window) * 1000)
 	w.st.minCwndMilli.Store(uint64(cfg.Window) * 1000)
 	if !cfg.NoGSO {
@@ -491,6 +494,7 @@ func (w *Worker) step() (wait int64, err error) {
 				continue
 			}
 			f.retries++
+			f.sentAt = now
 			flags := binary.LittleEndian.Uint16(f.pkt[offFlags:])
 			binary.LittleEndian.PutUint16(f.pkt[offFlags:], flags|fResend)
 			f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
@@ -508,6 +512,7 @@ func (w *Worker) step() (wait int64, err error) {
 		f := &op.ring[op.next%win]
 		f.idx, f.state, f.repairQueued, f.retries, f.later, f.askedCache = op.next, fragFixed, false, 0, 0, false
 		w.encode(f, encFixed32, 0)
+		f.sentAt = now
 		f.deadline = now + int64(w.cfg.Timeout)
 		if w.ctrlSet {
 			f.deadline = now + int64(w.cfg.Timeout)/2 // first ask the retransmit cache
@@ -715,6 +720,11 @@ func (w *Worker) handleResult(i int) {
 		w.st.malformed.Add(1)
 		return
 	}
+	if f.retries == 0 && !f.askedCache && f.state == fragFixed {
+		if rtt := int64(time.Since(w.epoch)) - f.sentAt; rtt > 0 {
+			w.srtt += (rtt - w.srtt) / 8
+		}
+	}
 	f.state, f.repairQueued = fragDone, false
 	w.st.results.Add(1)
 	if !w.cfg.NoCongestionControl {
@@ -722,16 +732,26 @@ func (w *Worker) handleResult(i int) {
 	}
 	// ATP's loss detection: results arrive in order unless something was lost, so a fragment
 	// that FastLossResults later results have overtaken is resent now rather than at its
-	// timeout (the resend flushes a half-filled slot to the PS, or gets the shadow copy).
+	// timeout (the resend flushes a half-filled slot to the PS, or gets the shadow copy). With
+	// several workers, results are reordered without any loss (a fragment completes when its
+	// slowest contribution arrives, and the slowest worker differs per fragment), and a
+	// spurious resend flushes a slot that was about to complete; so a fragment must also have
+	// waited a smoothed round trip (results of fragments sent once, as TCP's SRTT).
 	win := len(op.ring)
+	var now int64
 	for i := op.low; i < int(off); i++ {
 		g := &op.ring[i%win]
 		if g.idx != i || g.state != fragFixed || g.deadline == 0 {
 			continue
 		}
 		if g.later++; g.later >= FastLossResults {
-			g.deadline = 0 // due now: the next step resends it
-			w.st.fastResends.Add(1)
+			if now == 0 {
+				now = int64(time.Since(w.epoch))
+			}
+			if now-g.sentAt >= w.srtt {
+				g.deadline = 0 // due now: the next step resends it
+				w.st.fastResends.Add(1)
+			}
 		}
 	}
 	if h.Flags&fShadow != 0 {

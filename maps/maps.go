@@ -335,6 +335,13 @@ func (m *Maps) PutMember(mb Member) error {
 	if err != nil {
 		return err
 	}
+	// A member replaced behind this port (another worker id) loses its right to contribute.
+	var old bpf.XdpaggMember
+	if err := m.Members.Lookup(&k, &old); err == nil && old.WorkerId != mb.WorkerID {
+		if err := m.DeleteMember(mb.JobID, mb.Ifindex); err != nil {
+			return err
+		}
+	}
 	if err := m.PutWorker(mb.JobID, mb.WorkerID, mb.Addr, mb.Ifindex); err != nil {
 		return err
 	}
