@@ -147,7 +147,7 @@ const FastLossResults = 3
 type WorkerStats struct {
 	DataSent         uint64        // DATA packets sent, retransmissions and float repairs included
 	Retransmits      uint64        // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
-	FastResends      uint64        // of Retransmits: due because FastLossResults later results overtook the fragment
+	FastResends      uint64        // of Retransmits (and cache requests): sent early because FastLossResults later results overtook the fragment
 	CacheRequests    uint64        // MSG_RETRANSMIT sent to the switch agent for a lost result
 	CacheResults     uint64        // of ResultsReceived: answered by the agent's retransmit cache (F_CACHED)
 	CacheMisses      uint64        // retransmit requests the agent could not answer (the data was resent)
@@ -251,6 +251,7 @@ type fragment struct {
 	retries      int               // resends in the current state
 	later        int               // results of later fragments received since this one was (re)sent
 	sentAt       int64             // when it was last sent (ns since epoch)
+	fast         bool              // deemed lost early (FastLossResults): the next resend counts in FastResends
 	askedCache   bool              // a MSG_RETRANSMIT went to the switch agent for this fragment's result
 	ctl          [bpf.HdrSize]byte // the MSG_RETRANSMIT packet (stays put until flushed)
 	deadline     int64             // ns since epoch at which to resend
@@ -472,6 +473,10 @@ func (w *Worker) step() (wait int64, err error) {
 					ErrTimeout, i, uint32(seq), w.cfg.JobID, f.retries)
 			}
 			f.later = 0
+			if f.fast {
+				f.fast = false
+				w.st.fastResends.Add(1)
+			}
 			if w.ctrlSet && !f.askedCache && f.state == fragFixed {
 				// Libra: a result lost on the way to this worker alone is in the switch CPU's
 				// cache; asking it costs no partner anything. So a joined worker asks at half
@@ -749,8 +754,8 @@ func (w *Worker) handleResult(i int) {
 				now = int64(time.Since(w.epoch))
 			}
 			if now-g.sentAt >= w.srtt {
-				g.deadline = 0 // due now: the next step resends it
-				w.st.fastResends.Add(1)
+				g.deadline = 0 // due now: the next step resends it (counted there)
+				g.fast = true
 			}
 		}
 	}

@@ -104,7 +104,12 @@ func TestRetransmitCacheRecoversOneWorkersLosses(t *testing.T) {
 	if others != 0 {
 		t.Errorf("workers 1..3 resent %d fragments; only worker 0 lost anything", others)
 	}
+	// The agent publishes its cache statistics every 100 ms: wait for the hits to show.
 	got := inspect(t, bin, pinRoot)
+	for deadline := time.Now().Add(3 * time.Second); (got.Cache == nil || got.Cache.Hits == 0) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		got = inspect(t, bin, pinRoot)
+	}
 	// Printed: the cache path's latency is a figure the reliability work reports (Libra: 4.45 ms).
 	fmt.Printf("retransmit cache: worker 0 asked %d lost results of the cache, %d served (mean latency %v), %d misses, %d data resends; others resent %d; switch cached=%d cache_full=%d\n",
 		st0.CacheRequests, st0.CacheResults, st0.CacheLatency, st0.CacheMisses, st0.Retransmits, others,
