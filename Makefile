@@ -37,7 +37,7 @@ lint:
 test: deps-bench lint
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# The figures the reliability work promises, printed (go test hides passing tests' output).
-	$(GO) test -count=1 -run 'TestSwitchModel$$|TestFaultScenarios$$|TestRetransmitCacheRecoversOneWorkersLosses$$|TestCongestion' -v ./bpf/ ./netns_tests/ | grep -E 'differential model check|exact  slots leaked|retransmit cache:|congestion:|^(ok|FAIL)'
+	$(GO) test -count=1 -run 'TestSwitchModel$$|TestFaultScenarios$$|TestRetransmitCacheRecoversOneWorkersLosses$$|TestCongestion|TestLossCostPaired$$' -v ./bpf/ ./netns_tests/ | grep -E 'differential model check|exact  slots leaked|retransmit cache:|congestion:|loss cost:|^(ok|FAIL)'
 
 demo: deps build
 	./$(BIN) demo

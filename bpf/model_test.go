@@ -77,13 +77,14 @@ func (m *model) step(f frame) outcome {
 	s := &m.slots[h.AggIndex]
 	pktFlags := h.Flags & (fECN | fOverflow)
 	resend := h.Flags&fResend != 0
-	var ovf bool
+	var ovf, reclaimed bool
 	how := "add"
 	result := func(extra uint16) uint16 {
 		return h.Flags&fLevel1 | s.flags&(fECN|fOverflow) | extra
 	}
 	if !(s.state != slotFree && s.job == h.JobId && s.seq == h.Seq) {
-		reusable := s.state == slotFree || (s.state == slotComplete && s.job == h.JobId && seqAfter(h.Seq, s.seq))
+		ownOlder := s.job == h.JobId && seqAfter(h.Seq, s.seq)
+		reusable := s.state == slotFree || (s.state != slotFree && ownOlder)
 		switch {
 		case resend:
 			return toPS(0, "resend without a matching slot")
@@ -91,6 +92,9 @@ func (m *model) step(f frame) outcome {
 			return toPS(fCollision, "collision")
 		case s.state == slotFree:
 			how = "reserve a free slot"
+		case s.state == slotAggregating:
+			how = "take over own older half-filled slot"
+			reclaimed = true
 		default:
 			how = "retake own completed slot"
 		}
@@ -158,10 +162,17 @@ func (m *model) step(f frame) outcome {
 		s.flags |= fOverflow
 	}
 	if bits.OnesCount32(s.bitmap) < int(s.fan) {
-		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntAggregated: 1}, what: "aggregated", how: how}
+		d := cnt{maps.CntRx: 1, maps.CntAggregated: 1}
+		if reclaimed {
+			d[maps.CntReclaimed] = 1
+		}
+		return outcome{verdict: xdpDrop, delta: d, what: "aggregated", how: how}
 	}
 	s.state = slotComplete
 	d := cnt{maps.CntRx: 1, maps.CntAggregated: 1, maps.CntCompleted: 1}
+	if reclaimed {
+		d[maps.CntReclaimed] = 1
+	}
 	if s.flags&fOverflow != 0 {
 		d[maps.CntOverflow] = 1
 	}

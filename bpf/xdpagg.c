@@ -492,10 +492,12 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	if (!match) {
 		int reusable = s->state == SLOT_FREE;
 		int stale = now - s->ts_ns > slot_timeout_ns;
-		if (s->state == SLOT_AGGREGATING && stale) {
+		if (s->state == SLOT_AGGREGATING && (stale || (s->job_id == job && seq_after(seq, s->seq)))) {
 			/* Abandoned half-filled slot (a job that died, or whose other contributions all
 			 * went to the PS): ATP's memory-leak fix. Its contributors still lack a result,
-			 * so they resend, and resends go to the PS. */
+			 * so they resend, and resends go to the PS. The job's own later fragment takes
+			 * it at once: a stale reservation (a delayed packet of a fragment the PS already
+			 * completed) would otherwise push the job to the PS until the timeout. */
 			reusable = reclaimed = 1;
 		} else if (s->state == SLOT_COMPLETE) {
 			/* A later fragment of the same job may retake its own completed slot: workers keep

@@ -462,11 +462,14 @@ func TestSwitchScenarios(t *testing.T) {
 					delta: cnt{rx: 1, agg: 1, done: 1}, idx: 3, slot: complete(9, 7, 3, 2, 2, 2, 0), vals: []int32{4, 6}},
 			}
 		}()},
+		{name: "a job's later fragment takes over its own older half-filled slot", steps: []step{
+			{name: "job 1 seq 5 reserves", in: c1, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}, idx: 2, slot: aggregating(1, 5, 1, 1, 2, 2, 0), vals: c1.Vals},
+			{name: "job 1 seq 6 takes it (seq 5 is stale: a delayed packet, or already done at the PS)", in: c1next, verdict: xdpDrop,
+				delta: cnt{rx: 1, agg: 1, recl: 1}, idx: 2, slot: aggregating(1, 6, 2, 1, 2, 2, 0), vals: c1next.Vals},
+		}},
 		{name: "collision: slot held by another job or seq", steps: []step{
 			{name: "job 1 seq 5 reserves", in: c1, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1}, idx: 2, slot: aggregating(1, 5, 1, 1, 2, 2, 0), vals: c1.Vals},
 			{name: "job 2 seq 5", in: c2, verdict: xdpPass, want: ptr(asToPS(c2, fCollision)),
-				delta: cnt{rx: 1, coll: 1, tops: 1}, idx: 2, slot: aggregating(1, 5, 1, 1, 2, 2, 0), vals: c1.Vals},
-			{name: "job 1 seq 6", in: c1next, verdict: xdpPass, want: ptr(asToPS(c1next, fCollision)),
 				delta: cnt{rx: 1, coll: 1, tops: 1}, idx: 2, slot: aggregating(1, 5, 1, 1, 2, 2, 0), vals: c1.Vals},
 			{name: "job 1 seq 4", in: c1prev, verdict: xdpPass, want: ptr(asToPS(c1prev, fCollision)),
 				delta: cnt{rx: 1, coll: 1, tops: 1}, idx: 2, slot: aggregating(1, 5, 1, 1, 2, 2, 0), vals: c1.Vals},

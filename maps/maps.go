@@ -524,3 +524,35 @@ func ReadCacheStats(dir string) (st CacheStats, ok bool, err error) {
 	return CacheStats{Entries: v.Entries, Bytes: v.Bytes, Stored: v.Stored, Hits: v.Hits, Misses: v.Misses,
 		EvictedAcked: v.EvictedAcked, EvictedAge: v.EvictedAge, Acks: v.Acks}, true, nil
 }
+
+// ReclaimIdle frees every slot (half-filled or completed) idle for longer than idle, and returns
+// how many it freed. The switch does the same lazily, when a packet reaches such a slot; the
+// agent does it eagerly so that an idle pool ends up empty (ATP's aggregator garbage collection).
+// Freeing any slot is safe for the sums: contributors without a result resend their data, and
+// resends find no slot and go to the PS. Only the slot's state is written, under its spin lock.
+func (m *Maps) ReclaimIdle(idle time.Duration) (int, error) {
+	used, err := m.SlotsInUse()
+	if err != nil {
+		return 0, err
+	}
+	freed := 0
+	for _, u := range used {
+		if u.Age <= idle {
+			continue
+		}
+		var s bpf.XdpaggSlot
+		if err := m.Slots.LookupWithFlags(u.Index, &s, ebpf.LookupLock); err != nil {
+			return freed, fmt.Errorf("read slot %d: %w", u.Index, err)
+		}
+		// Re-check under the lock: a packet may have taken the slot since the listing.
+		if s.State == uint8(bpf.XdpaggSlotStateSLOT_FREE) || s.JobId != u.JobID || s.Seq != u.Seq {
+			continue
+		}
+		s.State = uint8(bpf.XdpaggSlotStateSLOT_FREE)
+		if err := m.Slots.Update(u.Index, &s, ebpf.UpdateLock); err != nil {
+			return freed, fmt.Errorf("free slot %d: %w", u.Index, err)
+		}
+		freed++
+	}
+	return freed, nil
+}

@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,18 +116,7 @@ func collect(conn *net.UDPConn) func() (map[string]int, error) {
 func exchange(t *testing.T, topo *Topology, src *Host, ln *net.UDPConn, dst netip.AddrPort, tag string, n int) ([]string, map[string]int) {
 	t.Helper()
 	conn := dialFrom(t, topo, src, dst)
-	// A burst must not overflow the receiver's socket buffer, or buffer drops would pass for
-	// impairment losses: SO_RCVBUFFORCE (root) ignores net.core.rmem_max.
-	rc, err := ln.SyscallConn()
-	if err == nil {
-		cerr := rc.Control(func(fd uintptr) {
-			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
-		})
-		err = errors.Join(cerr, err)
-	}
-	if err != nil {
-		t.Fatalf("enlarge the receive buffer: %v", err)
-	}
+	bigRcvbuf(t, ln)
 	wait := collect(ln)
 	sent := sendAll(t, conn, tag, n)
 	got, err := wait()
@@ -139,6 +130,22 @@ func exchange(t *testing.T, topo *Topology, src *Host, ln *net.UDPConn, dst neti
 		}
 	}
 	return sent, got
+}
+
+// bigRcvbuf makes ln's receive buffer big enough for a burst: buffer drops would pass for
+// impairment losses. SO_RCVBUFFORCE (root) ignores net.core.rmem_max.
+func bigRcvbuf(t *testing.T, ln *net.UDPConn) {
+	t.Helper()
+	rc, err := ln.SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) {
+			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
+		})
+		err = errors.Join(cerr, err)
+	}
+	if err != nil {
+		t.Fatalf("enlarge the receive buffer: %v", err)
+	}
 }
 
 // warmUp delivers one datagram from src to ln before a test counts datagrams: until the kernel's
@@ -209,6 +216,33 @@ func impairProgIDs(t *testing.T, topo *Topology, h *Host) []ebpf.ProgramID {
 	})
 	if err != nil {
 		t.Fatalf("filters of %s: %v", h.Name, err)
+	}
+	return ids
+}
+
+// lineProgIDs returns the IDs of the BPF programs on h's delay line for dir (none without one).
+func lineProgIDs(t *testing.T, topo *Topology, h *Host, dir Direction) []ebpf.ProgramID {
+	t.Helper()
+	var ids []ebpf.ProgramID
+	err := topo.InHost(h, func() error {
+		l, err := netlink.LinkByName(lineNames[dir][1])
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		fs, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+		for _, f := range fs {
+			if bf, ok := f.(*netlink.BpfFilter); ok {
+				ids = append(ids, ebpf.ProgramID(bf.Id))
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("delay line filters of %s: %v", h.Name, err)
 	}
 	return ids
 }
@@ -330,7 +364,7 @@ func TestImpairFromSwitchXDPRedirect(t *testing.T) {
 
 	// 100% loss on the tc egress of w0's switch port stops what the switch's stack forwards...
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type: ebpf.SchedCLS, License: "GPL", Instructions: impairInstructions(Impairment{Loss: 100}, ToSwitch),
+		Type: ebpf.SchedCLS, License: "GPL", Instructions: impairInstructions(Impairment{Loss: 100}, ToSwitch, 0),
 	})
 	bpftest.Check(t, "load impairment program", err)
 	defer prog.Close()
@@ -366,6 +400,18 @@ func TestImpairFromSwitchXDPRedirect(t *testing.T) {
 	bpftest.Check(t, "attach redirecting XDP program to "+ps.Port, err)
 	deliver(t, topo, ps, ln, dst, "redirected past switch egress")
 
+	// Held packets go back into w0's receive path after the delay line.
+	impair(t, topo, w0, FromSwitch, Impairment{Reorder: 10})
+	s := seqExchange(t, topo, ps, ln, dst, "reordered", 1000)
+	t.Logf("reorder 10%%: %s", s.describe())
+	for i, c := range s.counts() {
+		if c != 1 {
+			t.Errorf("datagram %d arrived %d times, want once", i, c)
+		}
+	}
+	if len(s.late()) == 0 {
+		t.Errorf("no redirected datagram arrived after a later one with 10%% reordering")
+	}
 	impair(t, topo, w0, FromSwitch, Impairment{Loss: 100})
 	expectNone(t, topo, ps, ln, dst, "lost", 20)
 	clearImpair(t, topo, w0, FromSwitch)
@@ -448,6 +494,13 @@ func TestImpairErrors(t *testing.T) {
 		{w0, FromSwitch, Impairment{Duplicate: 101}},
 		{w0, FromSwitch, Impairment{Duplicate: math.NaN()}},
 		{w0, FromSwitch, Impairment{Loss: math.Inf(1)}},
+		{w0, ToSwitch, Impairment{Reorder: -0.1}},
+		{w0, FromSwitch, Impairment{Reorder: 100.1}},
+		{w0, FromSwitch, Impairment{Reorder: math.NaN()}},
+		{w0, ToSwitch, Impairment{Reorder: 1, ReorderDelay: -time.Millisecond}},
+		{w0, ToSwitch, Impairment{Reorder: 1, ReorderDelay: MinReorderDelay - 1}},
+		{w0, FromSwitch, Impairment{Reorder: 1, ReorderDelay: MaxReorderDelay + 1}},
+		{w0, FromSwitch, Impairment{ReorderDelay: -1}},
 		{w0, Direction(2), Impairment{Loss: 1}},
 		{w0, Direction(-1), Impairment{Loss: 1}},
 		{nil, ToSwitch, Impairment{Loss: 1}},
@@ -468,16 +521,26 @@ func TestImpairErrors(t *testing.T) {
 	if err := topo.ClearImpair(w0, Direction(5)); !errors.Is(err, ErrImpair) {
 		t.Errorf("ClearImpair(Direction(5)) = %v, want ErrImpair", err)
 	}
-	// Nothing was attached by the failed calls.
+	// Nothing was attached or made by the failed calls.
 	if ids := impairProgIDs(t, topo, w0); len(ids) != 0 {
 		t.Errorf("impairment programs %v after failed calls", ids)
 	}
-	// A zero Impairment clears.
-	impair(t, topo, w0, ToSwitch, Impairment{Loss: 10})
-	impair(t, topo, w0, ToSwitch, Impairment{})
+	pristine := hostLinks(t, topo, w0)
+	if slices.ContainsFunc(pristine, func(name string) bool { return strings.HasPrefix(name, "dly-") }) {
+		t.Errorf("links %v after failed calls", pristine)
+	}
+	// A zero Impairment clears, whatever its ReorderDelay.
+	impair(t, topo, w0, ToSwitch, Impairment{Loss: 10, Reorder: 10})
+	impair(t, topo, w0, ToSwitch, Impairment{ReorderDelay: time.Second})
 	if ids := impairProgIDs(t, topo, w0); len(ids) != 0 {
 		t.Errorf("impairment programs %v after a zero Impairment", ids)
 	}
+	if got := hostLinks(t, topo, w0); !slices.Equal(got, pristine) {
+		t.Errorf("links %v after a zero Impairment, want %v", got, pristine)
+	}
+	// The limits themselves are fine.
+	impair(t, topo, w0, ToSwitch, Impairment{Reorder: 100, ReorderDelay: MinReorderDelay})
+	impair(t, topo, w0, FromSwitch, Impairment{Reorder: 100, ReorderDelay: MaxReorderDelay})
 	if err := topo.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +559,12 @@ func TestImpairCleanup(t *testing.T) {
 	w0 := topo.Workers[0]
 	udpListen(t, topo, w0, 9520) // holds w0's namespace past Close
 	impair(t, topo, w0, ToSwitch, Impairment{Loss: 1})
-	impair(t, topo, w0, FromSwitch, Impairment{Loss: 1, Duplicate: 1}) // both blocks: the verifier takes it
+	// Every block: the verifier takes it.
+	impair(t, topo, w0, FromSwitch, Impairment{Loss: 1, Duplicate: 1, Reorder: 1})
+	lineIDs := lineProgIDs(t, topo, w0, FromSwitch)
+	if len(lineIDs) != 1 {
+		t.Fatalf("delay line programs %v, want 1", lineIDs)
+	}
 	ids := impairProgIDs(t, topo, w0)
 	if len(ids) != 2 {
 		t.Fatalf("impairment programs %v, want 2", ids)
@@ -513,6 +581,7 @@ func TestImpairCleanup(t *testing.T) {
 		}
 	}
 	clearImpair(t, topo, w0, FromSwitch)
+	waitFreed(t, lineIDs[0]) // with the line
 	left := impairProgIDs(t, topo, w0)
 	if len(left) != 1 {
 		t.Fatalf("impairment programs %v after clearing one of %v", left, after)
@@ -526,4 +595,288 @@ func TestImpairCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFreed(t, left[0])
+}
+
+// arrival is one datagram as a receiver got it.
+type arrival struct {
+	seq int // the number the sender gave it
+	at  time.Time
+}
+
+// sequence is how numbered datagrams arrived: in order of arrival, with the send times.
+type sequence struct {
+	sent []time.Time // by number
+	got  []arrival
+}
+
+// sendSeq sends n datagrams "<tag>-<i>", i = 0..n-1, on conn in one burst and returns their
+// send times.
+func sendSeq(t *testing.T, conn *net.UDPConn, tag string, n int) []time.Time {
+	t.Helper()
+	sent := make([]time.Time, n)
+	for i := range n {
+		sent[i] = time.Now()
+		if _, err := conn.Write(fmt.Appendf(nil, "%s-%d", tag, i)); err != nil && !errors.Is(err, unix.ENOBUFS) {
+			t.Fatalf("send %s-%d: %v", tag, i, err)
+		}
+	}
+	return sent
+}
+
+// seqExchange sends n numbered datagrams from src to dst, where ln listens, and returns how they
+// arrived. Anything but "<tag>-<number>" (a late warm-up copy) is ignored.
+func seqExchange(t *testing.T, topo *Topology, src *Host, ln *net.UDPConn, dst netip.AddrPort, tag string, n int) sequence {
+	t.Helper()
+	conn := dialFrom(t, topo, src, dst)
+	bigRcvbuf(t, ln)
+	done := make(chan error, 1)
+	var got []arrival
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			_ = ln.SetReadDeadline(time.Now().Add(quiet))
+			k, err := ln.Read(buf)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				done <- nil
+				return
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+			at := time.Now()
+			num, ok := strings.CutPrefix(string(buf[:k]), tag+"-")
+			if !ok {
+				continue
+			}
+			seq, err := strconv.Atoi(num)
+			if err != nil || seq < 0 || seq >= n {
+				done <- fmt.Errorf("unexpected datagram %q", buf[:k])
+				return
+			}
+			got = append(got, arrival{seq, at})
+		}
+	}()
+	sent := sendSeq(t, conn, tag, n)
+	if err := <-done; err != nil {
+		t.Fatalf("receive %s: %v", tag, err)
+	}
+	return sequence{sent: sent, got: got}
+}
+
+// counts returns how often each datagram arrived.
+func (s sequence) counts() []int {
+	c := make([]int, len(s.sent))
+	for _, a := range s.got {
+		c[a.seq]++
+	}
+	return c
+}
+
+// late returns the arrivals of datagrams after a higher-numbered one: the reordered ones.
+func (s sequence) late() []arrival {
+	var out []arrival
+	highest := -1
+	for _, a := range s.got {
+		if a.seq < highest {
+			out = append(out, a)
+		}
+		highest = max(highest, a.seq)
+	}
+	return out
+}
+
+// firstInOrder reports whether the first arrivals of the datagrams came in sending order.
+func (s sequence) firstInOrder() bool {
+	seen := make([]bool, len(s.sent))
+	highest := -1
+	for _, a := range s.got {
+		if seen[a.seq] {
+			continue
+		}
+		seen[a.seq] = true
+		if a.seq < highest {
+			return false
+		}
+		highest = a.seq
+	}
+	return true
+}
+
+// median returns the median transit time of arrivals as.
+func (s sequence) median(as []arrival) time.Duration {
+	if len(as) == 0 {
+		return 0
+	}
+	d := make([]time.Duration, len(as))
+	for i, a := range as {
+		d[i] = a.at.Sub(s.sent[a.seq])
+	}
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// describe summarizes the reordering of s for the test log.
+func (s sequence) describe() string {
+	late := s.late()
+	lateSeq := map[int]bool{}
+	for _, a := range late {
+		lateSeq[a.seq] = true
+	}
+	var onTime []arrival
+	for _, a := range s.got {
+		if !lateSeq[a.seq] {
+			onTime = append(onTime, a)
+		}
+	}
+	// How far a late datagram fell back: how many higher-numbered ones arrived before it.
+	var back []int
+	for i, a := range s.got {
+		n := 0
+		for _, b := range s.got[:i] {
+			if b.seq > a.seq {
+				n++
+			}
+		}
+		if n > 0 {
+			back = append(back, n)
+		}
+	}
+	slices.Sort(back)
+	mb := 0
+	if len(back) > 0 {
+		mb = back[len(back)/2]
+	}
+	return fmt.Sprintf("%d arrivals of %d datagrams, %d late (median overtaken by %d), median transit %v on time, %v late",
+		len(s.got), len(s.sent), len(late), mb, s.median(onTime), s.median(late))
+}
+
+// hostLinks returns the sorted names of the links in h's namespace.
+func hostLinks(t *testing.T, topo *Topology, h *Host) []string {
+	t.Helper()
+	var out []string
+	err := topo.InHost(h, func() error {
+		ls, err := netlink.LinkList()
+		for _, l := range ls {
+			out = append(out, l.Attrs().Name)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("links of %s: %v", h.Name, err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// noLinesHere checks that no delay line leaked into the test's own (root) namespace.
+func noLinesHere(t *testing.T) {
+	t.Helper()
+	for _, names := range lineNames {
+		for _, name := range names {
+			if _, err := netlink.LinkByName(name); err == nil {
+				t.Errorf("delay line %s in the test's namespace", name)
+			}
+		}
+	}
+}
+
+func TestImpairReorder(t *testing.T) {
+	topo := newTopo(t, Config{Workers: 1, PS: true})
+	w0, ps := topo.Workers[0], topo.PS
+	pristine := hostLinks(t, topo, w0)
+	for _, dir := range []Direction{ToSwitch, FromSwitch} {
+		t.Run(dir.String(), func(t *testing.T) {
+			src, rcv := w0, ps
+			if dir == FromSwitch {
+				src, rcv = ps, w0
+			}
+			dst := netip.AddrPortFrom(rcv.IP, 9520+uint16(dir))
+			ln := udpListen(t, topo, rcv, int(dst.Port()))
+			warmUp(t, topo, src, ln, dst)
+			qs := qdiscs(t, topo, w0)
+
+			// A second Impair changes the line in place.
+			impair(t, topo, w0, dir, Impairment{Reorder: 50, ReorderDelay: 5 * time.Millisecond})
+			impair(t, topo, w0, dir, Impairment{Reorder: 10})
+			if got := hostLinks(t, topo, w0); !slices.Contains(got, lineNames[dir][0]) || !slices.Contains(got, lineNames[dir][1]) {
+				t.Errorf("links of %s = %v, want the delay line %v", w0.Name, got, lineNames[dir])
+			}
+			const n = 2000
+			s := seqExchange(t, topo, src, ln, dst, "reorder", n)
+			t.Logf("reorder 10%%: %s", s.describe())
+			for i, c := range s.counts() {
+				if c != 1 {
+					t.Errorf("datagram %d arrived %d times, want once", i, c)
+				}
+			}
+			if len(s.late()) == 0 {
+				t.Errorf("no datagram of %d arrived after a later one with 10%% reordering", n)
+			}
+
+			clearImpair(t, topo, w0, dir)
+			if got := hostLinks(t, topo, w0); !slices.Equal(got, pristine) {
+				t.Errorf("links of %s after ClearImpair = %v, want %v", w0.Name, got, pristine)
+			}
+			if got := qdiscs(t, topo, w0); !slices.Equal(got, qs) {
+				t.Errorf("qdiscs after ClearImpair = %v, want %v as before Impair", got, qs)
+			}
+		})
+	}
+	noLinesHere(t)
+}
+
+// Reordering composes with loss and duplication; replacing it by an impairment without Reorder
+// removes the line, and the order is kept again.
+func TestImpairReorderLossDuplicate(t *testing.T) {
+	topo := newTopo(t, Config{Workers: 1, PS: true})
+	w0, ps := topo.Workers[0], topo.PS
+	dst := netip.AddrPortFrom(ps.IP, 9520)
+	ln := udpListen(t, topo, ps, 9520)
+	warmUp(t, topo, w0, ln, dst)
+	pristine := [][]string{hostLinks(t, topo, w0), hostLinks(t, topo, ps)}
+
+	// The receiving side too: a host impaired both ways.
+	impair(t, topo, w0, ToSwitch, Impairment{Loss: 10, Duplicate: 10, Reorder: 10})
+	impair(t, topo, ps, FromSwitch, Impairment{Reorder: 10})
+	const n = 2000
+	s := seqExchange(t, topo, w0, ln, dst, "all", n)
+	t.Logf("loss, duplicate, reorder 10%%, then reorder 10%%: %s", s.describe())
+	arrived, twice := 0, 0
+	for i, c := range s.counts() {
+		switch {
+		case c > 2:
+			t.Errorf("datagram %d arrived %d times, want at most twice", i, c)
+		case c == 2:
+			twice++
+		}
+		if c > 0 {
+			arrived++
+		}
+	}
+	// 90% of 2000 is 1800 ± 13 (one standard deviation), 10% of that 180 ± 13.
+	if arrived < 1600 || arrived > 1960 {
+		t.Errorf("%d of %d datagrams arrived with 10%% loss, want 1600..1960", arrived, n)
+	}
+	if twice < 80 || twice > 300 {
+		t.Errorf("%d of %d datagrams arrived twice with 10%% duplication, want 80..300", twice, arrived)
+	}
+	if len(s.late()) == 0 {
+		t.Errorf("no datagram arrived after a later one with 10%% reordering twice")
+	}
+	t.Logf("%d arrived, %d of them twice", arrived, twice)
+
+	// Without Reorder both ways the datagrams keep their order (a copy may come late).
+	impair(t, topo, w0, ToSwitch, Impairment{Loss: 10, Duplicate: 10})
+	impair(t, topo, ps, FromSwitch, Impairment{Duplicate: 10, ReorderDelay: time.Second})
+	for i, h := range []*Host{w0, ps} {
+		if got := hostLinks(t, topo, h); !slices.Equal(got, pristine[i]) {
+			t.Errorf("links of %s without Reorder = %v, want %v", h.Name, got, pristine[i])
+		}
+	}
+	s = seqExchange(t, topo, w0, ln, dst, "no-reorder", n)
+	t.Logf("loss, duplicate 10%%, then duplicate 10%%: %s", s.describe())
+	if !s.firstInOrder() {
+		t.Errorf("without Reorder the datagrams came out of order: %s", s.describe())
+	}
 }
