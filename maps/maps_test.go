@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -476,3 +477,30 @@ func load(t *testing.T, pool uint32) *loader.Switch {
 }
 
 func skipIfUnsupported(t *testing.T, what string, err error) { t.Helper(); bpftest.Check(t, what, err) }
+
+// ReclaimIdle frees slots idle past the limit, whatever their state, and leaves young ones.
+func TestReclaimIdle(t *testing.T) {
+	sw := load(t, 8)
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	now := uint64(ts.Nano())
+	put := func(idx uint32, state bpf.XdpaggSlotState, age time.Duration) {
+		s := bpf.XdpaggSlot{JobId: 1, Seq: idx, State: uint8(state), FanIn: 2, Nvals: 1, TsNs: now - uint64(age)}
+		if err := sw.Maps.Slots.Update(idx, &s, ebpf.UpdateLock); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(1, bpf.XdpaggSlotStateSLOT_AGGREGATING, time.Hour)
+	put(2, bpf.XdpaggSlotStateSLOT_COMPLETE, time.Hour)
+	put(3, bpf.XdpaggSlotStateSLOT_AGGREGATING, 0)
+	n, err := sw.Maps.ReclaimIdle(time.Minute)
+	if err != nil || n != 2 {
+		t.Fatalf("ReclaimIdle = %d, %v; want 2 freed", n, err)
+	}
+	used, err := sw.Maps.SlotsInUse()
+	if err != nil || len(used) != 1 || used[0].Index != 3 {
+		t.Fatalf("in use after reclaim: %+v, %v; want only the young slot 3", used, err)
+	}
+}
