@@ -389,6 +389,9 @@ func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 	clear(w.cacheAt)
 	w.mu.Unlock()
 	defer func() {
+		if r := recover(); r != nil {
+			panic(r) // surface it: mu may be held by the panicking step, so taking it would hang
+		}
 		// After this, the receive goroutine no longer touches data.
 		w.mu.Lock()
 		w.op.active, w.op.data = false, nil
