@@ -3,13 +3,9 @@ package netns_tests
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/hostlib"
-	"github.com/xdpagg/xdpagg/internal/bpftest"
-	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
 )
 
@@ -21,50 +17,11 @@ func TestRetransmitCacheRecoversOneWorkersLosses(t *testing.T) {
 	const w = 4
 	bin := buildCLI(t)
 	pinRoot := bpffsDir(t)
-	pass := bpftest.LoadSwitch(t, loader.Config{PoolSize: 1})
-	prefix := topo.NewPrefix()
-	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: w, PS: true, HostXDP: pass.Objects.XdpaggPass})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		tp.Close()
-		if left, _ := topo.Leftovers(prefix); len(left) > 0 {
-			t.Errorf("namespaces left: %v", left)
-		}
-	})
+	tp := newAgentTopo(t, w)
 	startSwitch(t, bin, pinRoot, tp, "--pool", "1024")
-
-	ps := tp.PS
-	psAddr := netip.AddrPortFrom(ps.IP, loader.DefaultPort)
-	var srv *hostlib.PS
-	if err := tp.InHost(ps, func() (err error) {
-		srv, err = hostlib.NewPS(hostlib.PSConfig{Listen: psAddr, Switch: netip.AddrPortFrom(ps.Gateway, loader.DefaultPort)})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go srv.Serve(ctx)
-	t.Cleanup(func() { srv.Close() })
-	workers := make([]*hostlib.Worker, w)
-	for i, h := range tp.Workers {
-		if err := tp.InHost(h, func() (err error) {
-			workers[i], err = hostlib.NewWorker(hostlib.WorkerConfig{JobID: 3, WorkerID: uint8(i), NumWorkers: w,
-				Local: netip.AddrPortFrom(h.IP, 9600), PS: psAddr, PoolSize: 1024})
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { workers[i].Close() })
-		jctx, jcancel := context.WithTimeout(ctx, 10*time.Second)
-		err := workers[i].Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC, ps.IP)
-		jcancel()
-		if err != nil {
-			t.Fatalf("worker %d join: %v", i, err)
-		}
-	}
+	workers := startJoinedJob(ctx, t, tp, 3, 1024, nil)
 	// Results to worker 0 only are lost (tc on its ingress; the switch sends by XDP redirect).
 	if err := tp.Impair(tp.Workers[0], topo.FromSwitch, topo.Impairment{Loss: 2}); err != nil {
 		t.Fatal(err)

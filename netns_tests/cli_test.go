@@ -83,19 +83,7 @@ func TestCLISwitchInspect(t *testing.T) {
 	bin := buildCLI(t)
 	pinRoot := bpffsDir(t)
 
-	// Host-side veth ends need an XDP program so the switch's XDP_TX/redirect frames are accepted.
-	pass := bpftest.LoadSwitch(t, loader.Config{PoolSize: 1})
-	prefix := topo.NewPrefix()
-	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: 2, PS: true, HostXDP: pass.Objects.XdpaggPass})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		tp.Close()
-		if left, _ := topo.Leftovers(prefix); len(left) > 0 {
-			t.Errorf("namespaces left: %v", left)
-		}
-	})
+	tp := newAgentTopo(t, 2)
 
 	sw := startSwitch(t, bin, pinRoot, tp, "--pool", "256", "--metrics-addr", "127.0.0.1:0")
 	ready, rd, cmd, exited, stderr, ports := sw.readyFile, sw.ready, sw.cmd, sw.exited, &sw.stderr, sw.ports
@@ -106,40 +94,9 @@ func TestCLISwitchInspect(t *testing.T) {
 	}
 
 	// PS and workers; the workers register through the control path.
-	ps := tp.PS
-	psAddr := netip.AddrPortFrom(ps.IP, loader.DefaultPort)
-	var srv *hostlib.PS
-	if err := tp.InHost(ps, func() (err error) {
-		srv, err = hostlib.NewPS(hostlib.PSConfig{Listen: psAddr, Switch: netip.AddrPortFrom(ps.Gateway, loader.DefaultPort)})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go srv.Serve(ctx)
-	t.Cleanup(func() { srv.Close() })
-	var workers []*hostlib.Worker
-	for i, h := range tp.Workers {
-		if err := tp.InHost(h, func() error {
-			w, err := hostlib.NewWorker(hostlib.WorkerConfig{JobID: 7, WorkerID: uint8(i), NumWorkers: 2,
-				Local: netip.AddrPortFrom(h.IP, 9600), PS: psAddr, PoolSize: 256})
-			if err != nil {
-				return err
-			}
-			workers = append(workers, w)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { workers[i].Close() })
-		jctx, jcancel := context.WithTimeout(ctx, 10*time.Second)
-		err := workers[i].Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC, ps.IP)
-		jcancel()
-		if err != nil {
-			t.Fatalf("worker %d join: %v\n%s", i, err, stderr.String())
-		}
-	}
+	workers := startJoinedJob(ctx, t, tp, 7, 256, stderr.String)
 	if got := inspect(t, bin, pinRoot); len(got.Members) != 2 {
 		t.Fatalf("members after join: %+v", got.Members)
 	}
@@ -249,4 +206,64 @@ func startSwitch(t *testing.T, bin, pinRoot string, tp *topo.Topology, extra ...
 		t.Fatalf("ready file %q: %v", b, err)
 	}
 	return sw
+}
+
+// newAgentTopo builds a topology of n workers and a PS for a switch run by the agent, and checks
+// at cleanup that its namespaces are gone. The host-side veth ends get an XDP program so that the
+// switch's XDP_TX/redirect frames are accepted.
+func newAgentTopo(t *testing.T, n int) *topo.Topology {
+	t.Helper()
+	pass := bpftest.LoadSwitch(t, loader.Config{PoolSize: 1})
+	prefix := topo.NewPrefix()
+	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: n, PS: true, HostXDP: pass.Objects.XdpaggPass})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		tp.Close()
+		if left, _ := topo.Leftovers(prefix); len(left) > 0 {
+			t.Errorf("namespaces left: %v", left)
+		}
+	})
+	return tp
+}
+
+// startJoinedJob serves a PS on tp's PS host until ctx ends and starts one worker of job on each
+// worker host, each registered with the switch agent through the control path (JOIN). diag, if
+// set, adds the switch's diagnostics to a failed JOIN.
+func startJoinedJob(ctx context.Context, t *testing.T, tp *topo.Topology, job, pool uint32, diag func() string) []*hostlib.Worker {
+	t.Helper()
+	ps := tp.PS
+	psAddr := netip.AddrPortFrom(ps.IP, loader.DefaultPort)
+	var srv *hostlib.PS
+	if err := tp.InHost(ps, func() (err error) {
+		srv, err = hostlib.NewPS(hostlib.PSConfig{Listen: psAddr, Switch: netip.AddrPortFrom(ps.Gateway, loader.DefaultPort)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ctx)
+	t.Cleanup(func() { srv.Close() })
+	workers := make([]*hostlib.Worker, len(tp.Workers))
+	for i, h := range tp.Workers {
+		if err := tp.InHost(h, func() (err error) {
+			workers[i], err = hostlib.NewWorker(hostlib.WorkerConfig{JobID: job, WorkerID: uint8(i), NumWorkers: uint8(len(tp.Workers)),
+				Local: netip.AddrPortFrom(h.IP, 9600), PS: psAddr, PoolSize: pool})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { workers[i].Close() })
+		jctx, jcancel := context.WithTimeout(ctx, 10*time.Second)
+		err := workers[i].Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC, ps.IP)
+		jcancel()
+		if err != nil {
+			msg := ""
+			if diag != nil {
+				msg = diag()
+			}
+			t.Fatalf("worker %d join: %v\n%s", i, err, msg)
+		}
+	}
+	return workers
 }
