@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -243,7 +242,7 @@ func FuzzSwitchModel(f *testing.F) {
 			// A packet may only touch the slot it names: compare that one now (reading all of
 			// them per packet would double the cost of an input), and the whole pool at the end.
 			if idx := p.f.Hdr.AggIndex; idx < modelPool {
-				fuzzExpectSlot(t, m, s, idx)
+				m.expectSlot(t, s, idx)
 			}
 			if t.Failed() {
 				t.Fatalf("diverged from the model at packet %d (fan-ins %v); last packets:\n\t%s", n, fan, joinLines(history))
@@ -254,24 +253,6 @@ func FuzzSwitchModel(f *testing.F) {
 			t.Fatalf("a slot no packet named diverged from the model (fan-ins %v); last packets:\n\t%s", fan, joinLines(history))
 		}
 	})
-}
-
-// fuzzExpectSlot is the body of model.expectSlots for slot i alone.
-func fuzzExpectSlot(t *testing.T, m *model, s *sw, i uint32) {
-	t.Helper()
-	ms := &m.slots[i]
-	want := slotView{State: ms.state, Counter: ms.counter, FanIn: ms.fan, Scale: ms.scale, Job: ms.job, Seq: ms.seq,
-		Bitmap: ms.bitmap, Nvals: ms.nvals, Flags: ms.flags}
-	got := s.slot(t, i)
-	n := int(ms.nvals)
-	if slotSummary(got) != want || !slices.Equal(got.Vals[:n], ms.vals[:n]) {
-		at := 0
-		for at < n && got.Vals[at] == ms.vals[at] {
-			at++
-		}
-		t.Errorf("slot %d: got %+v\n\t\twant %+v\n\t\tvals differ from lane %d of %d: got %v want %v", i, slotSummary(got), want,
-			at, n, got.Vals[at:min(n, at+8)], ms.vals[at:min(n, at+8)])
-	}
 }
 
 // fuzzPacket decodes packet n of a sequence from b. ok is false for kinds that send nothing

@@ -191,21 +191,27 @@ func (m *model) result(f frame) outcome {
 func (m *model) expectSlots(t *testing.T, s *sw) {
 	t.Helper()
 	for i := range m.pool {
-		ms := &m.slots[i]
-		want := slotView{State: ms.state, Counter: ms.counter, FanIn: ms.fan, Scale: ms.scale, Job: ms.job, Seq: ms.seq,
-			Bitmap: ms.bitmap, Nvals: ms.nvals, Flags: ms.flags}
-		got := s.slot(t, i)
-		// Lanes past nvals are the switch's business (zero up to the end of the last chunk,
-		// stale beyond): only the fragment's own values are state.
-		n := int(ms.nvals)
-		if slotSummary(got) != want || !slices.Equal(got.Vals[:n], ms.vals[:n]) {
-			at := 0
-			for at < n && got.Vals[at] == ms.vals[at] {
-				at++
-			}
-			t.Errorf("slot %d: got %+v\n\t\twant %+v\n\t\tvals differ from lane %d of %d: got %v want %v", i, slotSummary(got), want,
-				at, n, got.Vals[at:min(n, at+8)], ms.vals[at:min(n, at+8)])
+		m.expectSlot(t, s, i)
+	}
+}
+
+// expectSlot compares slot i of the switch with the model's.
+func (m *model) expectSlot(t *testing.T, s *sw, i uint32) {
+	t.Helper()
+	ms := &m.slots[i]
+	want := slotView{State: ms.state, Counter: ms.counter, FanIn: ms.fan, Scale: ms.scale, Job: ms.job, Seq: ms.seq,
+		Bitmap: ms.bitmap, Nvals: ms.nvals, Flags: ms.flags}
+	got := s.slot(t, i)
+	// Lanes past nvals are the switch's business (zero up to the end of the last chunk,
+	// stale beyond): only the fragment's own values are state.
+	n := int(ms.nvals)
+	if slotSummary(got) != want || !slices.Equal(got.Vals[:n], ms.vals[:n]) {
+		at := 0
+		for at < n && got.Vals[at] == ms.vals[at] {
+			at++
 		}
+		t.Errorf("slot %d: got %+v\n\t\twant %+v\n\t\tvals differ from lane %d of %d: got %v want %v", i, slotSummary(got), want,
+			at, n, got.Vals[at:min(n, at+8)], ms.vals[at:min(n, at+8)])
 	}
 }
 
