@@ -22,7 +22,37 @@ type ResultCache struct {
 	maxSize int
 	entries map[cacheKey]*cacheEntry
 	jobs    map[uint32]*jobAcks
+	order   keyQueue // every stored key, oldest first: age and size eviction pop from its front
 	st      bpf.XdpaggCacheStats
+}
+
+// keyQueue is a FIFO of cache keys in storing order. Removed entries are skipped lazily, so
+// eviction costs what it evicts, not a scan of the cache.
+type keyQueue struct {
+	keys []cacheKey
+	head int
+}
+
+func (q *keyQueue) push(k cacheKey) { q.keys = append(q.keys, k) }
+
+// front returns the oldest key still in entries, dropping those that are gone.
+func (q *keyQueue) front(entries map[cacheKey]*cacheEntry) (cacheKey, *cacheEntry, bool) {
+	for q.head < len(q.keys) {
+		k := q.keys[q.head]
+		if e, ok := entries[k]; ok {
+			return k, e, true
+		}
+		q.pop()
+	}
+	return cacheKey{}, nil, false
+}
+
+func (q *keyQueue) pop() {
+	q.head++
+	if q.head > 64 && q.head*2 > len(q.keys) { // compact: keep the backing array bounded
+		q.keys = append(q.keys[:0], q.keys[q.head:]...)
+		q.head = 0
+	}
 }
 
 type cacheKey struct{ job, seq uint32 }
@@ -33,9 +63,12 @@ type cacheEntry struct {
 	at   time.Time
 }
 
-// jobAcks holds each worker's cumulative acknowledgement: it has every result of seq < upTo.
+// jobAcks holds each worker's cumulative acknowledgement (it has every result of seq < upTo),
+// and the job's cached keys in storing order, which is about seq order: acknowledgement
+// eviction pops from the front until the first result some worker still lacks.
 type jobAcks struct {
-	upTo map[uint8]uint32
+	upTo  map[uint8]uint32
+	order keyQueue
 }
 
 // NewResultCache makes a cache that keeps results at most maxAge and holds at most maxEntries.
@@ -77,6 +110,8 @@ func (c *ResultCache) Store(rec []byte, now time.Time) error {
 		return nil
 	}
 	c.entries[k] = &cacheEntry{pkt: append([]byte(nil), rec[:n]...), want: want, at: now}
+	c.order.push(k)
+	c.job(h.JobId).order.push(k)
 	c.st.Stored++
 	c.st.Entries++
 	c.st.Bytes += uint64(n)
@@ -105,21 +140,30 @@ func (c *ResultCache) Ack(job uint32, id uint8, upTo uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.st.Acks++
+	ja := c.job(job)
+	if old, ok := ja.upTo[id]; ok && int32(upTo-old) <= 0 {
+		return // stale or repeated watermark
+	}
+	ja.upTo[id] = upTo
+	for {
+		k, e, ok := ja.order.front(c.entries)
+		if !ok || !c.ackedByAll(job, k.seq, e.want) {
+			return
+		}
+		c.remove(k, e)
+		ja.order.pop()
+		c.st.EvictedAcked++
+	}
+}
+
+// job returns job's acknowledgement state, made on first use. Called with mu held.
+func (c *ResultCache) job(job uint32) *jobAcks {
 	ja := c.jobs[job]
 	if ja == nil {
 		ja = &jobAcks{upTo: map[uint8]uint32{}}
 		c.jobs[job] = ja
 	}
-	if old, ok := ja.upTo[id]; ok && int32(upTo-old) <= 0 {
-		return // stale or repeated watermark
-	}
-	ja.upTo[id] = upTo
-	for k, e := range c.entries {
-		if k.job == job && c.ackedByAll(job, k.seq, e.want) {
-			c.remove(k, e)
-			c.st.EvictedAcked++
-		}
-	}
+	return ja
 }
 
 // ackedByAll: every worker in want has acknowledged <job, seq>. Called with mu held.
@@ -144,11 +188,14 @@ func (c *ResultCache) ackedByAll(job, seq, want uint32) bool {
 func (c *ResultCache) Sweep(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for k, e := range c.entries {
-		if now.Sub(e.at) > c.maxAge {
-			c.remove(k, e)
-			c.st.EvictedAge++
+	for {
+		k, e, ok := c.order.front(c.entries)
+		if !ok || now.Sub(e.at) <= c.maxAge {
+			return
 		}
+		c.remove(k, e)
+		c.order.pop()
+		c.st.EvictedAge++
 	}
 }
 
@@ -172,17 +219,11 @@ func (c *ResultCache) remove(k cacheKey, e *cacheEntry) {
 	c.st.Bytes -= uint64(len(e.pkt))
 }
 
-// evictOldest drops the oldest entry (size limit). O(n), only when over the limit.
+// evictOldest drops the oldest entry (size limit).
 func (c *ResultCache) evictOldest() {
-	var ok cacheKey
-	var oe *cacheEntry
-	for k, e := range c.entries {
-		if oe == nil || e.at.Before(oe.at) {
-			ok, oe = k, e
-		}
-	}
-	if oe != nil {
-		c.remove(ok, oe)
+	if k, e, ok := c.order.front(c.entries); ok {
+		c.remove(k, e)
+		c.order.pop()
 		c.st.EvictedAge++
 	}
 }
