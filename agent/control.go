@@ -85,15 +85,23 @@ func msgName(t uint8) string {
 		return "RETRANSMIT"
 	case bpf.XdpaggMsgTypeMSG_ACK:
 		return "ACK"
+	case bpf.XdpaggMsgTypeMSG_LEAVE:
+		return "LEAVE"
 	}
 	return fmt.Sprintf("type %d", t)
 }
 
-// ipToNetwork is the uint32 whose little-endian bytes are the IPv4 address in network order (the
-// members map's encoding).
-func ipToNetwork(a netip.Addr) uint32 {
-	b := a.Unmap().As4()
-	return binary.LittleEndian.Uint32(b[:])
+// checkSender verifies that the member of h's job behind ifindex is worker h.WorkerId at from.
+// With no member there, the error wraps ebpf.ErrKeyNotExist.
+func (c *ControlServer) checkSender(h *bpf.XdpaggHdr, ifindex int, from netip.AddrPort) error {
+	m, err := c.maps.Member(h.JobId, uint32(ifindex))
+	if err != nil {
+		return fmt.Errorf("%w: %s from a non-member of job %d on ifindex %d: %w", errBadControl, msgName(h.Type), h.JobId, ifindex, err)
+	}
+	if m.WorkerID != h.WorkerId || m.Addr != from {
+		return fmt.Errorf("%w: %s claims worker %d of job %d from %v", errBadControl, msgName(h.Type), h.WorkerId, h.JobId, from)
+	}
+	return nil
 }
 
 func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error {
@@ -124,14 +132,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return fmt.Errorf("%w: join body reserved %#x, must be 0", errBadControl, body.Reserved)
 		}
 		if bpf.XdpaggMsgType(h.Type) == bpf.XdpaggMsgTypeMSG_LEAVE {
-			// Only the member itself may leave (same worker id, address and port).
-			var mv bpf.XdpaggMember
-			mk := bpf.XdpaggMemberKey{JobId: h.JobId, Ifindex: uint32(ifindex)}
-			if err := c.maps.Members.Lookup(&mk, &mv); err == nil {
-				port := mv.DstPort>>8 | mv.DstPort<<8
-				if mv.WorkerId != h.WorkerId || port != from.Port() || ipToNetwork(from.Addr()) != mv.DstIp {
-					return fmt.Errorf("%w: LEAVE claims worker %d of job %d from %v", errBadControl, h.WorkerId, h.JobId, from)
-				}
+			// Only the member itself may leave; a resent LEAVE finds none.
+			if err := c.checkSender(&h, ifindex, from); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
 			}
 			// A resent LEAVE (its ACK was lost) finds the member gone: acknowledge it again.
 			if err := c.maps.DeleteMember(h.JobId, uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -152,14 +155,8 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
 		// Only a member may ask for (or acknowledge) its job's results, from where it joined.
-		var mv bpf.XdpaggMember
-		mk := bpf.XdpaggMemberKey{JobId: h.JobId, Ifindex: uint32(ifindex)}
-		if err := c.maps.Members.Lookup(&mk, &mv); err != nil {
-			return fmt.Errorf("%w: %s from a non-member of job %d on ifindex %d", errBadControl, msgName(h.Type), h.JobId, ifindex)
-		}
-		port := mv.DstPort>>8 | mv.DstPort<<8
-		if mv.WorkerId != h.WorkerId || port != from.Port() || ipToNetwork(from.Addr()) != mv.DstIp {
-			return fmt.Errorf("%w: %s claims worker %d of job %d from %v", errBadControl, msgName(h.Type), h.WorkerId, h.JobId, from)
+		if err := c.checkSender(&h, ifindex, from); err != nil {
+			return err
 		}
 		if bpf.XdpaggMsgType(h.Type) == bpf.XdpaggMsgTypeMSG_ACK {
 			if c.cache != nil {

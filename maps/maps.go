@@ -442,6 +442,28 @@ func (m *Maps) ListJobs() ([]Job, error) {
 	return out, nil
 }
 
+func decodeMember(k bpf.XdpaggMemberKey, v bpf.XdpaggMember) Member {
+	p := v.DstPort>>8 | v.DstPort<<8
+	return Member{
+		JobID: k.JobId, WorkerID: v.WorkerId, Ifindex: k.Ifindex,
+		Addr:    netip.AddrPortFrom(ipFromNetwork(v.DstIp), p),
+		MAC:     net.HardwareAddr(append([]byte(nil), v.DstMac[:]...)),
+		PortMAC: net.HardwareAddr(append([]byte(nil), v.SrcMac[:]...)),
+		SrcIP:   ipFromNetwork(v.SrcIp),
+	}
+}
+
+// Member returns the member of job behind switch port ifindex; the error wraps
+// ebpf.ErrKeyNotExist if there is none.
+func (m *Maps) Member(job, ifindex uint32) (Member, error) {
+	k := bpf.XdpaggMemberKey{JobId: job, Ifindex: ifindex}
+	var v bpf.XdpaggMember
+	if err := m.Members.Lookup(&k, &v); err != nil {
+		return Member{}, fmt.Errorf("member of job %d behind ifindex %d: %w", job, ifindex, err)
+	}
+	return decodeMember(k, v), nil
+}
+
 // ListMembers returns every member, ordered by job then worker.
 func (m *Maps) ListMembers() ([]Member, error) {
 	var (
@@ -451,14 +473,7 @@ func (m *Maps) ListMembers() ([]Member, error) {
 	)
 	it := m.Members.Iterate()
 	for it.Next(&k, &v) {
-		p := v.DstPort>>8 | v.DstPort<<8
-		out = append(out, Member{
-			JobID: k.JobId, WorkerID: v.WorkerId, Ifindex: k.Ifindex,
-			Addr:    netip.AddrPortFrom(ipFromNetwork(v.DstIp), p),
-			MAC:     net.HardwareAddr(append([]byte(nil), v.DstMac[:]...)),
-			PortMAC: net.HardwareAddr(append([]byte(nil), v.SrcMac[:]...)),
-			SrcIP:   ipFromNetwork(v.SrcIp),
-		})
+		out = append(out, decodeMember(k, v))
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("iterate members: %w", err)
