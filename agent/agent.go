@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/maps"
 )
 
 // DefaultPinRoot is where switches pin their maps, one directory per switch name.
@@ -44,6 +45,8 @@ type Config struct {
 	// (default 10s); CacheEntries caps the cache (default 65536 results).
 	CacheAge     time.Duration
 	CacheEntries int
+	// Control is the control plane's policy (member TTL, members per port).
+	Control ControlConfig
 }
 
 // Ready is what the ready file contains.
@@ -84,6 +87,43 @@ func (c Config) Validate() error {
 		seen[i] = true
 	}
 	return c.Switch.WithDefaults().Validate()
+}
+
+// collectGarbage frees slots idle past the slot timeout every interval (ATP's aggregator garbage
+// collection: an idle pool drains to empty) and forgets removed jobs' control state, until ctx
+// is done.
+func collectGarbage(ctx context.Context, m *maps.Maps, ctrl *ControlServer, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := m.ReclaimIdle()
+		if err != nil {
+			if !failing { // one line per failure streak, not one per tick
+				log.Error("slot garbage collection", "err", err)
+			}
+			failing = true
+			continue
+		}
+		failing = false
+		if n > 0 {
+			log.Debug("idle slots freed", "slots", n)
+		}
+		jobs, err := m.ListJobs()
+		if err != nil {
+			continue
+		}
+		admitted := make(map[uint32]bool, len(jobs))
+		for _, j := range jobs {
+			admitted[j.JobID] = true
+		}
+		ctrl.forgetRemoved(admitted)
+	}
 }
 
 // Run loads and attaches the switch and serves until ctx is done, then detaches and unpins.
@@ -169,8 +209,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}()
 		log.Info("retransmit cache on", "max_age", cfg.CacheAge, "max_entries", cfg.CacheEntries)
 	}
+	ctrl.SetConfig(cfg.Control)
 	ctrlDone := make(chan error, 1)
 	go func() { ctrlDone <- ctrl.Serve(ctx) }()
+	gcCtx, gcCancel := context.WithCancel(ctx)
+	gcDone := make(chan struct{})
+	go func() {
+		defer close(gcDone)
+		collectGarbage(gcCtx, sw.Maps, ctrl, sw.Config.SlotTimeout/2, log)
+	}()
+	defer func() { gcCancel(); <-gcDone }()
 
 	var srv *http.Server
 	metricsAddr := ""

@@ -8,17 +8,66 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/net/ipv4"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/maps"
 )
 
-// ControlServer answers control messages (iSwitch's Join/Leave) that the XDP program passes up:
-// a JOIN registers the sender as a member of its job behind the port it arrived on, so results
-// reach it; LEAVE removes it. Every handled message is acknowledged with MSG_ACK.
+// Defaults of ControlConfig.
+const (
+	DefaultMemberTTL         = 30 * time.Second
+	DefaultMaxMembersPerPort = 64
+)
+
+// ControlConfig holds the control plane's policy knobs (docs/security.md).
+type ControlConfig struct {
+	// MemberTTL is how long a bound worker id stays its holder's after the holder's last
+	// authenticated control message; only then may a JOIN from another host take the id over
+	// (default 30s). A binding is never dropped by age alone, only made takeable.
+	MemberTTL time.Duration
+	// MaxMembersPerPort caps the members behind one switch port over all jobs (one member per
+	// job per port, so also the jobs one port takes part in; default 64).
+	MaxMembersPerPort int
+}
+
+func (c ControlConfig) withDefaults() ControlConfig {
+	if c.MemberTTL <= 0 {
+		c.MemberTTL = DefaultMemberTTL
+	}
+	if c.MaxMembersPerPort <= 0 {
+		c.MaxMembersPerPort = DefaultMaxMembersPerPort
+	}
+	return c
+}
+
+// Why the agent refused a control message: the label of its counter.
+const (
+	RejectMalformed   = "malformed"       // unparsable, reserved bits, unknown type
+	RejectNotAPort    = "not_a_port"      // arrived on an interface the switch does not own
+	RejectNotAdmitted = "not_admitted"    // job not admitted by the operator
+	RejectUnauth      = "unauthenticated" // no trailer, or a tag that the job's key does not give
+	RejectReplay      = "replayed"        // authentic, but stamp not newer or out of the freshness window
+	RejectNotMember   = "not_member"      // ACK/RETRANSMIT/LEAVE not from the worker id's binding
+	RejectBoundElse   = "bound_elsewhere" // JOIN for a worker id held by another live binding
+	RejectBadWorker   = "bad_worker"      // worker id beyond the job's fan-in, or a JOIN naming another PS
+	RejectPortFull    = "port_full"       // the port has MaxMembersPerPort members already
+	RejectInternal    = "internal"        // a map operation failed
+	errLogEvery       = time.Second       // at most one warning per port per this interval
+)
+
+// ControlServer answers control messages (iSwitch's Join/Leave, the retransmit cache's
+// Retransmit/Ack) that the XDP program passes up. Only admitted jobs exist; every message must be
+// authenticated with its job's key (ctlauth) and fresh. A JOIN binds a worker id to the sender's
+// address, UDP port and switch port; the job's PS is fixed at admission and never chosen by a
+// JOIN. JOIN and LEAVE are answered with an authenticated MSG_ACK.
 type ControlServer struct {
 	conn  *ipv4.PacketConn
 	raw   net.PacketConn
@@ -26,11 +75,30 @@ type ControlServer struct {
 	log   *slog.Logger
 	ports map[int]net.HardwareAddr // attached ifindex -> port MAC
 	cache *ResultCache             // nil: no retransmit cache (RETRANSMIT answered as a miss)
+	cfg   ControlConfig
+	start time.Time
+
+	stamper ctlauth.Stamper
+	replay  ctlauth.Replay[workerRef]
+
+	mu       sync.Mutex
+	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
+
+	rejected sync.Map // reason -> *atomic.Uint64
+	warn     warnLimiter
+}
+
+type workerRef struct {
+	job    uint32
+	worker uint8
 }
 
 // SetCache makes the server answer MSG_RETRANSMIT from c and feed it workers' MSG_ACKs. Call
 // before Serve.
 func (c *ControlServer) SetCache(rc *ResultCache) { c.cache = rc }
+
+// SetConfig sets the policy knobs. Call before Serve.
+func (c *ControlServer) SetConfig(cfg ControlConfig) { c.cfg = cfg.withDefaults() }
 
 // ListenControl opens the control socket on the xdpagg port of every local address. ports maps
 // the switch ports' ifindexes to their MACs; messages arriving elsewhere are ignored.
@@ -44,7 +112,8 @@ func ListenControl(port uint16, m *maps.Maps, ports map[int]net.HardwareAddr, lo
 		raw.Close()
 		return nil, fmt.Errorf("enable IP_PKTINFO: %w", err)
 	}
-	return &ControlServer{conn: pc, raw: raw, maps: m, log: log, ports: ports}, nil
+	return &ControlServer{conn: pc, raw: raw, maps: m, log: log, ports: ports,
+		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}}, nil
 }
 
 // Close stops the server.
@@ -72,93 +141,217 @@ func (c *ControlServer) Serve(ctx context.Context) error {
 		from := ua.AddrPort()
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 		if err := c.handle(buf[:n], cm.IfIndex, from); err != nil {
-			c.log.Warn("control message rejected", "from", from, "ifindex", cm.IfIndex, "err", err)
+			c.reject(err, cm.IfIndex, from)
 		}
 	}
 }
 
-var errBadControl = errors.New("malformed control message")
+// rejection is a refused message: its counter label and what to log.
+type rejection struct {
+	reason string
+	err    error
+}
+
+func (r *rejection) Error() string { return r.reason + ": " + r.err.Error() }
+func (r *rejection) Unwrap() error { return r.err }
+
+func refuse(reason string, format string, args ...any) error {
+	return &rejection{reason: reason, err: fmt.Errorf(format, args...)}
+}
+
+// reject counts a refused message and logs it, at most once per errLogEvery per port, so a flood
+// costs the log one line a second and a count of what it suppressed.
+func (c *ControlServer) reject(err error, ifindex int, from netip.AddrPort) {
+	reason := RejectInternal
+	var r *rejection
+	if errors.As(err, &r) {
+		reason = r.reason
+	}
+	v, _ := c.rejected.LoadOrStore(reason, new(atomic.Uint64))
+	v.(*atomic.Uint64).Add(1)
+	if suppressed, ok := c.warn.allow(ifindex, time.Now()); ok {
+		c.log.Warn("control message rejected", "reason", reason, "from", from, "ifindex", ifindex, "err", err, "suppressed_since_last", suppressed)
+	}
+}
+
+// Rejected returns how many control messages were refused, by reason.
+func (c *ControlServer) Rejected() map[string]uint64 {
+	out := map[string]uint64{}
+	c.rejected.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	return out
+}
+
+// warnLimiter lets one log line per port through per errLogEvery and counts the rest.
+type warnLimiter struct {
+	mu    sync.Mutex
+	ports map[int]*warnState
+}
+
+type warnState struct {
+	last       time.Time
+	suppressed uint64
+}
+
+func (w *warnLimiter) allow(ifindex int, now time.Time) (suppressed uint64, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ports == nil {
+		w.ports = map[int]*warnState{}
+	}
+	st := w.ports[ifindex]
+	if st == nil {
+		// Bounded: only the switch's own ports (and ifindex 0 for unknown ones) get here.
+		st = &warnState{}
+		w.ports[ifindex] = st
+	}
+	if !st.last.IsZero() && now.Sub(st.last) < errLogEvery {
+		st.suppressed++
+		return 0, false
+	}
+	suppressed, st.suppressed, st.last = st.suppressed, 0, now
+	return suppressed, true
+}
 
 func msgName(t uint8) string {
 	switch bpf.XdpaggMsgType(t) {
+	case bpf.XdpaggMsgTypeMSG_JOIN:
+		return "JOIN"
+	case bpf.XdpaggMsgTypeMSG_LEAVE:
+		return "LEAVE"
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT:
 		return "RETRANSMIT"
 	case bpf.XdpaggMsgTypeMSG_ACK:
 		return "ACK"
-	case bpf.XdpaggMsgTypeMSG_LEAVE:
-		return "LEAVE"
 	}
 	return fmt.Sprintf("type %d", t)
 }
 
-// checkSender verifies that the member of h's job behind ifindex is worker h.WorkerId at from.
-// With no member there, the error wraps ebpf.ErrKeyNotExist.
-func (c *ControlServer) checkSender(h *bpf.XdpaggHdr, ifindex int, from netip.AddrPort) error {
-	m, err := c.maps.Member(h.JobId, uint32(ifindex))
-	if err != nil {
-		return fmt.Errorf("%w: %s from a non-member of job %d on ifindex %d: %w", errBadControl, msgName(h.Type), h.JobId, ifindex, err)
+// bodySize is the size of a message type's body between header and trailer.
+func bodySize(t bpf.XdpaggMsgType) (int, bool) {
+	switch t {
+	case bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE:
+		return binary.Size(bpf.XdpaggJoinBody{}), true
+	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT:
+		return 0, true
 	}
-	if m.WorkerID != h.WorkerId || m.Addr != from {
-		return fmt.Errorf("%w: %s claims worker %d of job %d from %v", errBadControl, msgName(h.Type), h.WorkerId, h.JobId, from)
+	return 0, false
+}
+
+// isBinding reports whether the sender (address, UDP port, switch port) is worker id's binding.
+func isBinding(b maps.Contributor, ifindex int, from netip.AddrPort) bool {
+	return b.Addr == from && b.Ifindex == uint32(ifindex)
+}
+
+func (c *ControlServer) touch(ref workerRef, now time.Time) {
+	c.mu.Lock()
+	c.lastSeen[ref] = now
+	c.mu.Unlock()
+}
+
+// idleSince is when the current binding of ref last sent an authenticated message (the agent's
+// start if it has sent none since).
+func (c *ControlServer) idleSince(ref workerRef) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t, ok := c.lastSeen[ref]; ok {
+		return t
 	}
-	return nil
+	return c.start
 }
 
 func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error {
 	var h bpf.XdpaggHdr
 	if len(b) < bpf.HdrSize {
-		return fmt.Errorf("%w: %d bytes", errBadControl, len(b))
+		return refuse(RejectMalformed, "%d bytes", len(b))
 	}
 	if _, err := binary.Decode(b[:bpf.HdrSize], binary.LittleEndian, &h); err != nil {
-		return fmt.Errorf("%w: %w", errBadControl, err)
+		return refuse(RejectMalformed, "header: %w", err)
 	}
-	if h.Version != bpf.Version || h.JobId == 0 {
-		return fmt.Errorf("%w: version %d job %d", errBadControl, h.Version, h.JobId)
+	if h.Version != bpf.Version || h.JobId == 0 || h.Reserved != 0 || h.Count != 0 {
+		return refuse(RejectMalformed, "version %d job %d reserved %d count %d", h.Version, h.JobId, h.Reserved, h.Count)
 	}
-	if h.Reserved != 0 || h.Count != 0 {
-		return fmt.Errorf("%w: reserved %d, count %d: control messages carry neither", errBadControl, h.Reserved, h.Count)
+	typ := bpf.XdpaggMsgType(h.Type)
+	body, ok := bodySize(typ)
+	if !ok {
+		return refuse(RejectMalformed, "type %d is not handled by the agent", h.Type)
+	}
+	if len(b) != bpf.HdrSize+body+ctlauth.TrailerSize {
+		return refuse(RejectMalformed, "%s of %d bytes, want %d", msgName(h.Type), len(b), bpf.HdrSize+body+ctlauth.TrailerSize)
 	}
 	portMAC, ok := c.ports[ifindex]
 	if !ok {
-		return fmt.Errorf("%w: arrived on ifindex %d, not a switch port", errBadControl, ifindex)
+		return refuse(RejectNotAPort, "arrived on ifindex %d, not a switch port", ifindex)
 	}
-	switch bpf.XdpaggMsgType(h.Type) {
-	case bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE:
-		var body bpf.XdpaggJoinBody
-		if _, err := binary.Decode(b[bpf.HdrSize:], binary.LittleEndian, &body); err != nil {
-			return fmt.Errorf("%w: join body: %w", errBadControl, err)
+	key, err := c.maps.JobKey(h.JobId)
+	if errors.Is(err, maps.ErrNoJob) {
+		return refuse(RejectNotAdmitted, "%s for job %d", msgName(h.Type), h.JobId)
+	} else if err != nil {
+		return err
+	}
+	msg, stamp, err := ctlauth.Open(key, b)
+	if err != nil {
+		return refuse(RejectUnauth, "%s for job %d: %w", msgName(h.Type), h.JobId, err)
+	}
+	ref := workerRef{h.JobId, h.WorkerId}
+	// Authentic from here: the sender holds the job's key. The stamp is checked before anything
+	// changes, so a recorded message cannot be played again.
+	if err := c.replay.Check(ref, stamp); err != nil {
+		return refuse(RejectReplay, "%s of job %d worker %d: %w", msgName(h.Type), h.JobId, h.WorkerId, err)
+	}
+	job, err := c.maps.GetJob(h.JobId)
+	if err != nil {
+		return err
+	}
+	if h.WorkerId >= job.Workers {
+		return refuse(RejectBadWorker, "worker %d of job %d, which has workers 0..%d", h.WorkerId, h.JobId, job.Workers-1)
+	}
+	binding, berr := c.maps.Worker(h.JobId, h.WorkerId)
+	bound := berr == nil
+	if berr != nil && !errors.Is(berr, ebpf.ErrKeyNotExist) {
+		return berr
+	}
+	now := time.Now()
+
+	switch typ {
+	case bpf.XdpaggMsgTypeMSG_JOIN:
+		var jb bpf.XdpaggJoinBody
+		if _, err := binary.Decode(msg[bpf.HdrSize:], binary.LittleEndian, &jb); err != nil {
+			return refuse(RejectMalformed, "join body: %w", err)
 		}
-		if body.Reserved != 0 {
-			return fmt.Errorf("%w: join body reserved %#x, must be 0", errBadControl, body.Reserved)
+		if jb.Reserved != 0 {
+			return refuse(RejectMalformed, "join body reserved %#x, must be 0", jb.Reserved)
 		}
-		if bpf.XdpaggMsgType(h.Type) == bpf.XdpaggMsgTypeMSG_LEAVE {
-			// Only the member itself may leave; a resent LEAVE finds none.
-			if err := c.checkSender(&h, ifindex, from); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return err
-			}
-			// A resent LEAVE (its ACK was lost) finds the member gone: acknowledge it again.
+		if rip := netip.AddrFrom4(le32bytes(jb.ResultIp)); jb.ResultIp != 0 && rip != job.PS.Addr() {
+			return refuse(RejectBadWorker, "JOIN of job %d names %v as the result source; the job's PS is %v", h.JobId, rip, job.PS.Addr())
+		}
+		if err := c.join(h, jb, job, ifindex, from, portMAC, bound, binding, now); err != nil {
+			return err
+		}
+	case bpf.XdpaggMsgTypeMSG_LEAVE:
+		// Only the binding itself may leave; a resent LEAVE (its ACK lost) finds none and is
+		// acknowledged again.
+		if bound && !isBinding(binding, ifindex, from) {
+			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
+		}
+		if bound {
 			if err := c.maps.DeleteMember(h.JobId, uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
 			}
+			c.mu.Lock()
+			delete(c.lastSeen, ref)
+			c.mu.Unlock()
 			c.log.Info("worker left", "job", h.JobId, "worker", h.WorkerId, "addr", from)
-			break
 		}
-		rip := body.ResultIp
-		m := maps.Member{
-			JobID: h.JobId, WorkerID: h.WorkerId, Ifindex: uint32(ifindex), Addr: from,
-			MAC: net.HardwareAddr(body.Mac[:]), PortMAC: portMAC,
-			SrcIP: netip.AddrFrom4([4]byte{byte(rip), byte(rip >> 8), byte(rip >> 16), byte(rip >> 24)}),
-		}
-		if err := c.maps.PutMember(m); err != nil {
-			return err
-		}
-		c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
-		// Only a member may ask for (or acknowledge) its job's results, from where it joined.
-		if err := c.checkSender(&h, ifindex, from); err != nil {
-			return err
+		// Only the worker id's binding may ask for (or acknowledge) its job's results.
+		if !bound || !isBinding(binding, ifindex, from) {
+			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
-		if bpf.XdpaggMsgType(h.Type) == bpf.XdpaggMsgTypeMSG_ACK {
+		c.touch(ref, now)
+		if typ == bpf.XdpaggMsgTypeMSG_ACK {
 			if c.cache != nil {
 				c.cache.Ack(h.JobId, h.WorkerId, h.Seq) // cumulative: every result before seq
 			}
@@ -177,16 +370,101 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		}
 		// A miss is answered with ACK (same job and seq), so the worker resends its data at once
 		// instead of waiting for a timeout.
-	default:
-		return fmt.Errorf("%w: type %d not handled by the agent", errBadControl, h.Type)
 	}
-	ack := bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_ACK), JobId: h.JobId, Seq: h.Seq, WorkerId: h.WorkerId}
-	out, err := binary.Append(nil, binary.LittleEndian, &ack)
+	return c.ack(h, key, from)
+}
+
+// join binds worker h.WorkerId of job to the sender, or refuses: a worker id held by another
+// live binding is not taken over; the same host (address and switch port) may rebind at once
+// (a restarted worker on a new UDP port), anyone holding the key after the binding has been
+// silent for MemberTTL.
+func (c *ControlServer) join(h bpf.XdpaggHdr, jb bpf.XdpaggJoinBody, job maps.Job, ifindex int, from netip.AddrPort,
+	portMAC net.HardwareAddr, bound bool, binding maps.Contributor, now time.Time) error {
+	ref := workerRef{h.JobId, h.WorkerId}
+	if bound && !isBinding(binding, ifindex, from) {
+		sameHost := binding.Addr.Addr() == from.Addr() && binding.Ifindex == uint32(ifindex)
+		idle := now.Sub(c.idleSince(ref))
+		if !sameHost && idle < c.cfg.MemberTTL {
+			return refuse(RejectBoundElse, "JOIN of job %d worker %d from %v on ifindex %d: bound at %v on ifindex %d, last heard %v ago (takeable after %v)",
+				h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex, idle.Round(time.Millisecond), c.cfg.MemberTTL)
+		}
+	}
+	// Another worker of the job behind this port: one member per job per port; it is replaced
+	// only if it is the same binding's port or it has gone silent.
+	existing, err := c.maps.Member(h.JobId, uint32(ifindex))
+	if err == nil && existing.WorkerID != h.WorkerId {
+		other := workerRef{h.JobId, existing.WorkerID}
+		if idle := now.Sub(c.idleSince(other)); idle < c.cfg.MemberTTL {
+			return refuse(RejectBoundElse, "JOIN of job %d worker %d on ifindex %d: worker %d of the job is behind that port, last heard %v ago",
+				h.JobId, h.WorkerId, ifindex, existing.WorkerID, idle.Round(time.Millisecond))
+		}
+	} else if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	if err != nil { // a new member behind this port: the port's quota
+		all, err := c.maps.ListMembers()
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, m := range all {
+			if m.Ifindex == uint32(ifindex) {
+				n++
+			}
+		}
+		if n >= c.cfg.MaxMembersPerPort {
+			return refuse(RejectPortFull, "JOIN of job %d worker %d on ifindex %d: the port has %d members (at most %d)", h.JobId, h.WorkerId, ifindex, n, c.cfg.MaxMembersPerPort)
+		}
+	}
+	m := maps.Member{JobID: h.JobId, WorkerID: h.WorkerId, Ifindex: uint32(ifindex), Addr: from,
+		MAC: net.HardwareAddr(jb.Mac[:]), PortMAC: portMAC, SrcIP: job.PS.Addr()}
+	if err := c.maps.PutMember(m); err != nil {
+		return err
+	}
+	c.touch(ref, now)
+	if !bound || !isBinding(binding, ifindex, from) {
+		c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
+	}
+	return nil
+}
+
+// ack answers h with an authenticated MSG_ACK (same job, seq and worker id).
+func (c *ControlServer) ack(h bpf.XdpaggHdr, key []byte, to netip.AddrPort) error {
+	a := bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_ACK), JobId: h.JobId, Seq: h.Seq, WorkerId: h.WorkerId}
+	out, err := binary.Append(nil, binary.LittleEndian, &a)
 	if err != nil {
 		return fmt.Errorf("encode ack: %w", err)
 	}
-	if _, err := c.raw.WriteTo(out, net.UDPAddrFromAddrPort(from)); err != nil {
+	if out, err = ctlauth.Seal(key, out, c.stamper.Next()); err != nil {
+		return err
+	}
+	if _, err := c.raw.WriteTo(out, net.UDPAddrFromAddrPort(to)); err != nil {
 		return fmt.Errorf("send ack: %w", err)
 	}
 	return nil
+}
+
+// le32bytes returns the in-memory bytes of a host-order (little-endian) u32 field that holds an
+// address in network order.
+func le32bytes(v uint32) [4]byte { return [4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
+
+// forgetRemoved drops what the server remembers of jobs that are no longer admitted, so its
+// memory follows the jobs table.
+func (c *ControlServer) forgetRemoved(admitted map[uint32]bool) {
+	c.replay.Forget(func(r workerRef) bool { return !admitted[r.job] })
+	c.mu.Lock()
+	for r := range c.lastSeen {
+		if !admitted[r.job] {
+			delete(c.lastSeen, r)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// rejectReasons lists the labels in a stable order (metrics).
+func rejectReasons() []string {
+	r := []string{RejectMalformed, RejectNotAPort, RejectNotAdmitted, RejectUnauth, RejectReplay,
+		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectPortFull, RejectInternal}
+	sort.Strings(r)
+	return r
 }

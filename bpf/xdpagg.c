@@ -33,6 +33,9 @@ volatile const __u64 slot_timeout_ns = 5000000000ULL; /* idle age after which an
 volatile const __u32 cache_results = 0; /* nonzero: copy every completed sum to `results` (agent's retransmit cache) */
 volatile const __u64 port_rate_Bps = 0;     /* ports' capacity for the ECN phantom queue, bytes/s; 0: no marking */
 volatile const __u64 ecn_threshold_bytes = 65536; /* phantom backlog above which DATA is marked F_ECN */
+volatile const __u32 source_check = 1; /* nonzero: strict uRPF on every port (docs/security.md) */
+volatile const __u64 ctl_interval_ns = 50000; /* control messages per port: one per interval on average (20,000/s) */
+volatile const __u64 ctl_burst_ns = 100000000; /* ... and a burst of burst/interval messages (2,000) */
 
 #ifndef XAGG_POOL_SIZE
 #define XAGG_POOL_SIZE 4096 /* default max_entries of `slots`; the loader sets the real pool size */
@@ -94,6 +97,24 @@ struct {
 	__type(key, __u32);
 	__type(value, struct job);
 } jobs SEC(".maps");
+
+/* Job control keys, read by the agent and written by `xdpagg job add`; never read here. Key: job_id
+ * (u32, host order). Value: struct job_key. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XAGG_MAX_JOBS);
+	__type(key, __u32);
+	__type(value, struct job_key);
+} job_keys SEC(".maps");
+
+/* Control-message rate budget per port (GCRA). Key: ingress ifindex (u32, host order). Value:
+ * struct ctl_bucket (host order, spin-locked); made on a port's first control message. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XAGG_MAX_PORTS);
+	__type(key, __u32);
+	__type(value, struct ctl_bucket);
+} ctl_budget SEC(".maps");
 
 /* Completed in-switch sums for the agent's retransmit cache (when cache_results is set): records
  * of struct result_rec (header little-endian as on the wire). */
@@ -175,33 +196,89 @@ enum parse_result {
 	PARSE_NOT_OURS = 0, /* not UDP/IPv4 to the aggregation port */
 	PARSE_OK,
 	PARSE_MALFORMED,
+	PARSE_BAD_IP, /* to the aggregation port, but with IP options, as a fragment, or a bad IP checksum */
 };
 
-static __always_inline int parse(struct cursor *c, struct pkt *p)
+#define ETH_P_ARP 0x0806
+
+/* ARP for IPv4 over Ethernet, as far as source validation reads it. */
+struct arp4 {
+	__be16 htype;
+	__be16 ptype;
+	__u8 hlen;
+	__u8 plen;
+	__be16 oper;
+	__u8 sha[ETH_ALEN];
+	__be32 spa; /* sender's IPv4 address */
+} __attribute__((packed));
+
+/* Strict unicast reverse-path forwarding (BCP 38, RFC 3704): a source address is valid at a port
+ * only if the switch's own routing table sends traffic for that address out of the same port. The
+ * routes of the switch's namespace are the registry of who is behind which port; the kernel's
+ * FIB answers in one lookup, for every kind of traffic. Local, broadcast, unroutable and
+ * otherwise-routed sources all fail. */
+static __always_inline int source_ok(struct xdp_md *ctx, __be32 saddr)
 {
-	p->eth = cursor_take(c, sizeof(struct ethhdr));
-	if (!p->eth || p->eth->h_proto != bpf_htons(ETH_P_IP))
+	struct bpf_fib_lookup fib = {};
+	fib.family = 2; /* AF_INET */
+	fib.ipv4_dst = saddr;
+	fib.ifindex = ctx->ingress_ifindex;
+	long rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	return rc == BPF_FIB_LKUP_RET_SUCCESS && fib.ifindex == ctx->ingress_ifindex;
+}
+
+/* Full IPv4 header checksum (20 bytes, no options) of what is in the packet now: 0 when valid. */
+static __always_inline __u16 ip_csum_check(struct iphdr *ip)
+{
+	__u16 *w = (__u16 *)ip;
+	__u32 sum = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(struct iphdr) / 2); i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+#define IP_MAX_OPTIONS 40 /* bytes of IPv4 options at most (ihl 15) */
+
+/* Parse from the IPv4 header on (p->eth and p->ip already taken). */
+static __always_inline int parse_l4(struct cursor *c, struct pkt *p)
+{
+	if (p->ip->version != 4 || p->ip->protocol != IPPROTO_UDP || p->ip->ihl < 5)
 		return PARSE_NOT_OURS;
-	p->ip = cursor_take(c, sizeof(struct iphdr));
-	if (!p->ip || p->ip->version != 4 || p->ip->protocol != IPPROTO_UDP)
-		return PARSE_NOT_OURS;
-	if (p->ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-		return PARSE_NOT_OURS; /* fragments: only the kernel can reassemble */
-	if (p->ip->ihl != 5)
-		return PARSE_NOT_OURS; /* IP options: hosts never send them with xdpagg traffic */
+	if (p->ip->frag_off & bpf_htons(IP_OFFSET))
+		return PARSE_NOT_OURS; /* a later fragment shows no port; its first fragment decides (below) */
+	int first_frag = (p->ip->frag_off & bpf_htons(IP_MF)) != 0;
+	if (p->ip->ihl != 5) {
+		/* IP options: hosts never send them with xdpagg traffic. Look past them for the port. */
+		__u32 optlen = ((__u32)p->ip->ihl * 4 - sizeof(struct iphdr)) & 0x3f;
+		if (optlen > IP_MAX_OPTIONS || !cursor_take(c, optlen))
+			return PARSE_NOT_OURS;
+	}
 	p->udp = cursor_take(c, sizeof(struct udphdr));
-	if (!p->udp || p->udp->dest != bpf_htons(agg_port))
+	if (!p->udp || (first_frag && bpf_ntohs(p->ip->tot_len) < (__u32)p->ip->ihl * 4 + sizeof(struct udphdr)))
+		/* A first fragment too short to show its UDP ports (RFC 1858's tiny fragment) could
+		 * be anyone's: drop it, so that no datagram to the port can be assembled behind us. */
+		return first_frag ? PARSE_BAD_IP : PARSE_NOT_OURS;
+	if (p->udp->dest != bpf_htons(agg_port))
 		return PARSE_NOT_OURS;
+	/* Ours from here: the kernel would reassemble fragments and honour options (source routes)
+	 * behind the switch's checks, so neither is passed up. */
+	if (first_frag || p->ip->ihl != 5 || ip_csum_check(p->ip) != 0)
+		return PARSE_BAD_IP;
 	p->h = cursor_take(c, sizeof(struct hdr));
 	if (!p->h)
 		return PARSE_MALFORMED;
-	/* Lengths must agree with what arrived: IP total length covers exactly the UDP datagram (bar
-	 * link padding), and the UDP length covers exactly header + count values. */
+	/* Lengths must agree with what arrived, to the byte: the IP total length covers the rest of
+	 * the frame (an xdpagg frame is longer than Ethernet's 60-byte minimum, so it never carries
+	 * link padding: trailing bytes are malformed), and the UDP length covers exactly header +
+	 * count values. */
 	__u16 udp_len = bpf_ntohs(p->udp->len);
 	__u16 ip_len = bpf_ntohs(p->ip->tot_len);
 	if (ip_len != sizeof(struct iphdr) + udp_len)
 		return PARSE_MALFORMED;
-	if ((void *)p->ip + ip_len > c->end)
+	if ((void *)p->ip + ip_len != c->end)
 		return PARSE_MALFORMED;
 	if (p->h->version != XAGG_VERSION || p->h->reserved != 0)
 		return PARSE_MALFORMED;
@@ -211,12 +288,24 @@ static __always_inline int parse(struct cursor *c, struct pkt *p)
 			return PARSE_MALFORMED;
 		if (udp_len != sizeof(struct udphdr) + sizeof(struct hdr) + (__u32)n * 4)
 			return PARSE_MALFORMED;
-		if (p->h->encoding > ENC_SPARSE_KV)
+		/* ENC_SPARSE_KV is reserved: nothing sums it yet, so it is refused here, counted. */
+		if (p->h->encoding > ENC_FLOAT32)
 			return PARSE_MALFORMED;
 		if (p->h->agg_index >= pool_size)
 			return PARSE_MALFORMED;
 	}
 	return PARSE_OK;
+}
+
+static __always_inline int parse(struct cursor *c, struct pkt *p)
+{
+	p->eth = cursor_take(c, sizeof(struct ethhdr));
+	if (!p->eth || p->eth->h_proto != bpf_htons(ETH_P_IP))
+		return PARSE_NOT_OURS;
+	p->ip = cursor_take(c, sizeof(struct iphdr));
+	if (!p->ip)
+		return PARSE_NOT_OURS;
+	return parse_l4(c, p);
 }
 
 /* Serial-number comparison (RFC 1982): is a after b, with wrap-around. */
@@ -283,7 +372,20 @@ enum data_verdict {
 	V_TO_PS,          /* resend without a matching slot */
 	V_MALFORMED,
 	V_FLUSH,          /* resend on a half-filled slot: packet = its partial aggregate, to the PS; slot freed */
+	V_OVER_QUOTA,     /* the slot could be reserved, but the job holds its quota of slots */
 };
+
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
+
+/* A slot of job_id was freed or taken by another job: one slot less held by job_id. */
+static __always_inline void job_release_slot(__u32 job_id)
+{
+	struct job *o = bpf_map_lookup_elem(&jobs, &job_id);
+	if (o)
+		__sync_fetch_and_add(&o->held, -1);
+}
 
 /* The value passes over a fragment's full chunks, read and written in place in the (linear)
  * packet. The last partial chunk, if any, goes through the per-CPU scratch instead (zero-padded
@@ -417,6 +519,13 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		count(ctr, CNT_NOT_MEMBER);
 		return XDP_DROP;
 	}
+	/* The admitted job, for its slot quota. */
+	__u32 job_key = h->job_id;
+	struct job *j = bpf_map_lookup_elem(&jobs, &job_key);
+	if (!j) {
+		count(ctr, CNT_NOT_MEMBER);
+		return XDP_DROP;
+	}
 	if (h->encoding != ENC_FIXED32 || (h->flags & F_COLLISION))
 		return to_ps(ctr, p, 0); /* float repair traffic, or already diverted upstream */
 
@@ -483,6 +592,12 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	__u32 out_bitmap = 0;
 	__u16 out_flags = 0;
 	int reclaimed = 0;
+	/* Slot quota: the job may reserve a slot it does not hold yet only while it holds fewer
+	 * than max_slots. Read once before the lock (an atomic counter, changed after unlocking):
+	 * CPUs racing past the check together can overshoot by at most one slot each. */
+	int quota_ok = (__s32)READ_ONCE(j->held) < (__s32)j->max_slots;
+	__s32 held_delta = 0;  /* change of this job's held slots */
+	__u32 prev_owner = 0;  /* another job that lost a slot to this one (its held - 1) */
 
 	/* Which value pass the locked section runs over the fragment's chunks. */
 	enum { PASS_NONE, PASS_COPY, PASS_READ, PASS_ADD, PASS_ADD_OUT } run = PASS_NONE;
@@ -509,11 +624,19 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 			else if (stale)
 				reusable = reclaimed = 1;
 		}
+		int owned = s->state != SLOT_FREE && s->job_id == job;
 		if (resend) {
 			verdict = V_TO_PS; /* never reserve for a resend: its partners may be at the PS */
 		} else if (!reusable) {
 			verdict = V_COLLISION;
+		} else if (!owned && !quota_ok) {
+			verdict = V_OVER_QUOTA;
 		} else {
+			if (!owned) {
+				held_delta = 1;
+				if (s->state != SLOT_FREE)
+					prev_owner = s->job_id;
+			}
 			s->job_id = job;
 			s->seq = seq;
 			s->bitmap = bm;
@@ -610,12 +733,17 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 			verdict = V_COMPLETED;
 		} else if (verdict == V_FLUSH) {
 			s->state = SLOT_FREE;
+			held_delta = -1;
 		}
 		out_bitmap = s->bitmap;
 		out_flags = s->flags;
 	}
 	bpf_spin_unlock(&s->lock);
 
+	if (held_delta)
+		__sync_fetch_and_add(&j->held, held_delta);
+	if (prev_owner)
+		job_release_slot(prev_owner);
 	if (reclaimed && (verdict == V_AGGREGATED || verdict == V_COMPLETED))
 		count(ctr, CNT_RECLAIMED);
 
@@ -629,6 +757,11 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	case V_COLLISION:
 		count(ctr, CNT_COLLISION);
 		return to_ps(ctr, p, F_COLLISION);
+	case V_OVER_QUOTA:
+		/* The job holds its share of the pool: its fragment is summed at the PS instead. Only
+		 * this job slows down; the pool stays free for the others. */
+		count(ctr, CNT_OVER_QUOTA);
+		return to_ps(ctr, p, 0);
 	case V_TO_PS:
 		return to_ps(ctr, p, 0);
 	case V_MALFORMED:
@@ -703,7 +836,7 @@ malformed:
 
 /* A result from the PS: free a matching half-filled slot (its contributions reached the PS some
  * other way; ATP's deallocation by parameter packet) and broadcast to the job. */
-static __always_inline int handle_result(struct counters *ctr, struct pkt *p)
+static __always_inline int handle_result(struct xdp_md *ctx, struct counters *ctr, struct pkt *p)
 {
 	struct hdr *h = p->h;
 	if (h->job_id == 0) {
@@ -713,7 +846,7 @@ static __always_inline int handle_result(struct counters *ctr, struct pkt *p)
 	/* Only the job's PS may answer for it: no one else can free its slots or feed its workers. */
 	__u32 job_id = h->job_id;
 	struct job *j = bpf_map_lookup_elem(&jobs, &job_id);
-	if (!j || j->ps_ip != p->ip->saddr) {
+	if (!j || j->ps_ip != p->ip->saddr || j->ps_port != p->udp->source || j->ps_ifindex != ctx->ingress_ifindex) {
 		count(ctr, CNT_NOT_MEMBER);
 		return XDP_DROP;
 	}
@@ -722,15 +855,22 @@ static __always_inline int handle_result(struct counters *ctr, struct pkt *p)
 	if (s) {
 		__u64 now = bpf_ktime_get_ns();
 		int reclaimed = 0;
+		__u32 owner = 0;
 		bpf_spin_lock(&s->lock);
 		if (s->state == SLOT_AGGREGATING && s->job_id == h->job_id && s->seq == h->seq) {
 			s->state = SLOT_FREE;
+			owner = s->job_id;
 		} else if (s->state != SLOT_FREE && now - s->ts_ns > slot_timeout_ns) {
 			/* ATP: any parameter packet frees a stale slot at its index, whoever owns it. */
 			s->state = SLOT_FREE;
+			owner = s->job_id;
 			reclaimed = 1;
 		}
 		bpf_spin_unlock(&s->lock);
+		if (owner == job_id)
+			__sync_fetch_and_add(&j->held, -1);
+		else if (owner)
+			job_release_slot(owner);
 		if (reclaimed)
 			count(ctr, CNT_RECLAIMED);
 	}
@@ -771,6 +911,33 @@ static __always_inline int port_congested(struct xdp_md *ctx, __u64 len, int dat
 	return over;
 }
 
+/* Per-port budget for control messages (GCRA), so that one port's flood cannot fill the agent's
+ * socket for the others: returns nonzero if this message is within its port's budget. */
+static __always_inline int ctl_admit(struct xdp_md *ctx)
+{
+	__u32 ifindex = ctx->ingress_ifindex;
+	struct ctl_bucket *b = bpf_map_lookup_elem(&ctl_budget, &ifindex);
+	if (!b) {
+		struct ctl_bucket zero = {};
+		bpf_map_update_elem(&ctl_budget, &ifindex, &zero, BPF_NOEXIST);
+		b = bpf_map_lookup_elem(&ctl_budget, &ifindex);
+		if (!b)
+			return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	int ok = 0;
+	bpf_spin_lock(&b->lock);
+	__u64 tat = b->tat > now ? b->tat : now;
+	if (tat - now <= ctl_burst_ns) {
+		b->tat = tat + ctl_interval_ns;
+		ok = 1;
+	} else {
+		b->dropped++;
+	}
+	bpf_spin_unlock(&b->lock);
+	return ok;
+}
+
 SEC("xdp")
 int xdpagg_switch(struct xdp_md *ctx)
 {
@@ -778,7 +945,31 @@ int xdpagg_switch(struct xdp_md *ctx)
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
 	struct pkt p;
 
-	int pr = parse(&c, &p);
+	p.eth = cursor_take(&c, sizeof(struct ethhdr));
+	if (!p.eth) {
+		count(ctr, CNT_NON_AGG);
+		return XDP_PASS;
+	}
+	int pr = PARSE_NOT_OURS;
+	if (p.eth->h_proto == bpf_htons(ETH_P_IP)) {
+		p.ip = cursor_take(&c, sizeof(struct iphdr));
+		if (p.ip) {
+			/* Source validation first, for every kind of IPv4 traffic: nothing a host sends
+			 * with another host's address gets further than this (docs/security.md). */
+			if (source_check && p.ip->version == 4 && !source_ok(ctx, p.ip->saddr)) {
+				count(ctr, CNT_SPOOFED);
+				return XDP_DROP;
+			}
+			pr = parse_l4(&c, &p);
+		}
+	} else if (p.eth->h_proto == bpf_htons(ETH_P_ARP) && source_check) {
+		/* ARP claims an IPv4 address too: a host may claim only its own (0.0.0.0 is a probe). */
+		struct arp4 *arp = cursor_take(&c, sizeof(struct arp4));
+		if (arp && arp->ptype == bpf_htons(ETH_P_IP) && arp->spa != 0 && !source_ok(ctx, arp->spa)) {
+			count(ctr, CNT_SPOOFED);
+			return XDP_DROP;
+		}
+	}
 	if (pr == PARSE_NOT_OURS) {
 		if (port_rate_Bps)
 			port_congested(ctx, ctx->data_end - ctx->data, 0); /* cross traffic fills the link too */
@@ -788,6 +979,10 @@ int xdpagg_switch(struct xdp_md *ctx)
 	count(ctr, CNT_RX);
 	if (pr == PARSE_MALFORMED) {
 		count(ctr, CNT_MALFORMED);
+		return XDP_DROP;
+	}
+	if (pr == PARSE_BAD_IP) {
+		count(ctr, CNT_IP_INVALID);
 		return XDP_DROP;
 	}
 	switch (p.h->type) {
@@ -800,16 +995,20 @@ int xdpagg_switch(struct xdp_md *ctx)
 		}
 		return handle_data(ctx, ctr, &p);
 	case MSG_RESULT:
-		return handle_result(ctr, &p);
+		return handle_result(ctx, ctr, &p);
 	case MSG_JOIN:
 	case MSG_LEAVE:
-	case MSG_RESET:
 	case MSG_ACK:
 	case MSG_RETRANSMIT:
-	case MSG_HEARTBEAT:
+		if (!ctl_admit(ctx)) {
+			count(ctr, CNT_CTL_LIMITED);
+			return XDP_DROP;
+		}
 		count(ctr, CNT_CONTROL);
 		return XDP_PASS; /* the agent's socket on the switch takes control messages */
 	default:
+		/* MSG_RESET and MSG_HEARTBEAT are reserved (no agent handles them yet), and any
+		 * other type is unknown: both are malformed. */
 		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;
 	}
@@ -849,6 +1048,58 @@ int xdpagg_pass(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+/*
+ * Slot garbage collector, never attached: the agent runs it with BPF_PROG_TEST_RUN on a "packet"
+ * that is a struct gc_args. It frees slots idle past the slot timeout (job_id 0: ATP's aggregator
+ * garbage collection, so an idle pool drains) or every slot of one job (job_id != 0: `xdpagg job
+ * rm`), each with one compare-and-free under the slot's own spin lock, so a packet that takes the
+ * slot meanwhile is never undone. Freed slots are released from their owners' quota. The clock
+ * is the datapath's own (bpf_ktime_get_ns), whatever clock the caller's namespace shows.
+ */
+/* One slot of the garbage collector: 1 if it freed the slot. A global function, verified once on
+ * its own rather than once per loop iteration. */
+__noinline int gc_slot(__u32 idx, __u32 job, __u64 now)
+{
+	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
+	if (!s)
+		return 0;
+	__u32 owner = 0;
+	bpf_spin_lock(&s->lock);
+	if (s->state != SLOT_FREE && (job ? s->job_id == job : now - s->ts_ns > slot_timeout_ns)) {
+		s->state = SLOT_FREE;
+		owner = s->job_id;
+	}
+	bpf_spin_unlock(&s->lock);
+	if (!owner)
+		return 0;
+	job_release_slot(owner);
+	return 1;
+}
+
+SEC("xdp")
+int xdpagg_gc(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct gc_args *a = data;
+	if ((void *)(a + 1) > data_end)
+		return XDP_ABORTED;
+	__u32 first = a->first, count = a->count, job = a->job_id, freed = 0;
+	__u64 now = bpf_ktime_get_ns();
+	for (__u32 i = 0; i < XAGG_GC_BATCH; i++) {
+		if (i >= count || first + i >= pool_size)
+			break;
+		freed += gc_slot(first + i, job, now) ? 1 : 0;
+	}
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	a = data;
+	if ((void *)(a + 1) > data_end)
+		return XDP_ABORTED;
+	a->freed = freed;
+	return XDP_PASS;
+}
+
 /* Keep types that no code path names in BTF, so bpf2go -type can export them to Go. */
 const volatile enum counter unused_counter;
 const volatile enum msg_type unused_msg_type;
@@ -860,3 +1111,5 @@ struct hdr *const volatile unused_hdr;
 struct join_body *const volatile unused_join_body;
 struct result_rec *const volatile unused_result_rec;
 struct cache_stats *const volatile unused_cache_stats;
+struct ctl_auth *const volatile unused_ctl_auth;
+struct gc_args *const volatile unused_gc_args;

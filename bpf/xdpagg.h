@@ -37,6 +37,9 @@ _Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0 && XAGG_CHUNK % 2 == 0, "XAGG_C
 /* Workers per job at one aggregation level: one bit each in bitmap0. */
 #define XAGG_MAX_WORKERS 32
 
+/* Slots one run of the garbage collector (xdpagg_gc) visits at most. */
+#define XAGG_GC_BATCH 256
+
 /* The limits above as an enum, so bpf2go exports them to Go (macros do not reach BTF). */
 enum limit {
 	LIMIT_VERSION = XAGG_VERSION,
@@ -45,6 +48,9 @@ enum limit {
 	LIMIT_STD_VALUES = XAGG_STD_VALUES,
 	LIMIT_MAX_WORKERS = XAGG_MAX_WORKERS,
 	LIMIT_HDR_SIZE = 32, /* sizeof(struct hdr); checked by a static assertion below */
+	LIMIT_GC_BATCH = XAGG_GC_BATCH,
+	LIMIT_CTL_AUTH_SIZE = 24, /* sizeof(struct ctl_auth) */
+	LIMIT_JOB_KEY_SIZE = 32,  /* sizeof(struct job_key) */
 };
 
 /* Message types (hdr.type). */
@@ -63,7 +69,7 @@ enum msg_type {
 enum encoding {
 	ENC_FIXED32 = 0, /* int32 fixed point: value = round(x * 2^scale_log2); summed in-switch */
 	ENC_FLOAT32 = 1, /* IEEE-754 binary32; summed at the PS (overflow repair), in-switch later */
-	ENC_SPARSE_KV = 2, /* pairs of (u32 key, f32/fixed value) for hot-parameter aggregation */
+	ENC_SPARSE_KV = 2, /* reserved for hot-parameter aggregation: dropped as malformed today */
 };
 
 /* Header flags (hdr.flags), a bit set. */
@@ -104,14 +110,16 @@ struct hdr {
 _Static_assert(sizeof(struct hdr) == LIMIT_HDR_SIZE, "struct hdr must stay 32 bytes");
 
 /*
- * Body of MSG_JOIN / MSG_LEAVE (after a header with count = 0): what the switch needs to send a
- * job's results to this worker. The worker's IP and UDP port are the packet's source; the switch
- * port is where the packet arrived. Answered by MSG_ACK (header only) from the agent.
+ * Body of MSG_JOIN / MSG_LEAVE (after a header with count = 0, before the struct ctl_auth
+ * trailer): what the switch needs to send a job's results to this worker. The worker's IP and UDP
+ * port are the packet's source; the switch port is where the packet arrived. Answered by an
+ * authenticated MSG_ACK from the agent.
  */
 struct join_body {
 	__u8 mac[6];     /* worker's MAC on its link to the switch */
 	__u16 reserved;  /* 0 */
-	__u32 result_ip; /* source address results carry (normally the PS), network byte order */
+	__u32 result_ip; /* 0, or the job's PS address (network byte order): results always carry the
+			  * admitted PS's address; a JOIN can never choose another */
 };
 
 /* Slot states (slot.state). */
@@ -178,12 +186,58 @@ struct worker {
 };
 
 /*
- * A job's switch-wide state: map `jobs`, HASH keyed by job_id (u32, host order). Written by the
- * control plane with the job's first member. Only the job's PS may send it RESULTs.
+ * A job admitted by the operator (`xdpagg job add`, maps.PutJob): map `jobs`, HASH keyed by job_id
+ * (u32, host order). Nothing of a job exists before admission: JOINs, DATA and RESULTs of an
+ * unknown job are dropped. Only the control plane writes it, except `held`, which the datapath
+ * and the garbage collector change with atomic adds.
  */
 struct job {
-	__u32 ps_ip;   /* the job's parameter server (RESULT source), network byte order */
-	__u32 workers; /* bitmap of joined worker ids, host order (diagnostics) */
+	__u32 ps_ip;      /* the job's parameter server, network byte order: the only RESULT source */
+	__u32 ps_ifindex; /* switch port the PS is behind (RESULTs must arrive there), host order */
+	__u16 ps_port;    /* the PS's UDP port (RESULTs' source port), network byte order */
+	__u8 fan_in;      /* admitted workers: the agent binds worker ids below it (the datapath takes
+			   * fan_in0 from DATA: members are trusted with their own job's sums) */
+	__u8 pad;
+	__u32 max_slots;  /* most aggregator slots the job may hold at once (quota), host order */
+	__s32 held;       /* slots the job holds now (aggregating or shadow copy); atomic, host order.
+			   * The control plane writes a job once, at admission: a rewrite would lose
+			   * the datapath's concurrent adds. */
+};
+
+/*
+ * A job's control key: map `job_keys`, HASH keyed by job_id (u32, host order). Written by `xdpagg
+ * job add`, read by the agent to authenticate control messages; never read by XDP (it lives in
+ * the switch's pinned maps only so the CLI and the agent share it; the pin directory is 0700).
+ */
+struct job_key {
+	__u8 key[32]; /* HMAC-SHA256 key, random, made at admission */
+};
+
+/*
+ * Authentication trailer of every control message (JOIN, LEAVE, ACK, RETRANSMIT, and the agent's
+ * ACK answers): appended after the header and body. tag = HMAC-SHA256(job key, every byte before
+ * tag), first 16 bytes. stamp orders a sender's messages for replay protection: the receiver
+ * accepts only a stamp above the last it accepted from that sender and within a freshness window
+ * of its own clock (docs/security.md).
+ */
+struct ctl_auth {
+	__u64 stamp;  /* sender's wall clock, ns since the Unix epoch, strictly increasing; little-endian */
+	__u8 tag[16]; /* truncated HMAC-SHA256 */
+};
+
+_Static_assert(sizeof(struct ctl_auth) == LIMIT_CTL_AUTH_SIZE, "struct ctl_auth must stay 24 bytes");
+_Static_assert(sizeof(struct job_key) == LIMIT_JOB_KEY_SIZE, "struct job_key must stay 32 bytes");
+
+/*
+ * Arguments and answer of `xdpagg_gc`, the in-kernel slot garbage collector the agent runs with
+ * BPF_PROG_TEST_RUN: the program frees, each under its slot's spin lock, the slots in
+ * [first, first + count) that match, and writes how many it freed into `freed`. Host order.
+ */
+struct gc_args {
+	__u32 first;  /* first slot index */
+	__u32 count;  /* slots to visit, at most XAGG_GC_BATCH */
+	__u32 job_id; /* 0: free slots idle past the slot timeout; else: free every slot of this job */
+	__u32 freed;  /* out: slots freed */
 };
 
 /*
@@ -211,6 +265,17 @@ struct port_queue {
 };
 
 /*
+ * A port's control-message budget (map `ctl_budget`): GCRA, one message per ctl_interval_ns with
+ * bursts up to ctl_burst_ns of credit. Host order.
+ */
+struct ctl_bucket {
+	struct bpf_spin_lock lock;
+	__u32 pad;
+	__u64 tat;     /* theoretical arrival time of the next message, bpf_ktime_get_ns() */
+	__u64 dropped; /* messages dropped at this port for being over budget */
+};
+
+/*
  * The agent's retransmit cache, as `xdpagg inspect` sees it: map `cache_stats`, a one-entry ARRAY
  * (key 0) that the agent creates and pins next to the switch's maps and rewrites as it works.
  * Host order.
@@ -229,10 +294,13 @@ struct cache_stats {
 /*
  * Per-CPU counters. Map `counters`, a one-entry PERCPU_ARRAY whose value is struct counters: one
  * u64 (host order) per enum counter.
- * Every packet at the aggregation port counts in CNT_RX and in exactly one verdict: AGGREGATED,
- * DUPLICATE, TO_PS, MALFORMED, NOT_MEMBER, PS_RESULT, SHADOW_TX or CONTROL. COMPLETED, COLLISION,
- * OVERFLOW, RECLAIMED, FLUSHED, CACHED and CACHE_FULL count events on top of a verdict; EGRESS_*
- * count broadcast copies per port.
+ * Source validation comes first: an IPv4 or ARP frame whose source address the ingress port may
+ * not send counts in CNT_SPOOFED alone. Every other packet at the aggregation port counts in
+ * CNT_RX and in exactly one verdict: AGGREGATED, DUPLICATE, TO_PS, MALFORMED, IP_INVALID,
+ * NOT_MEMBER, PS_RESULT, SHADOW_TX, CONTROL, CTL_LIMITED, or REDIRECT_ERR when a broadcast
+ * fails. COMPLETED, COLLISION, OVERFLOW, RECLAIMED, FLUSHED, CACHED, CACHE_FULL, ECN_MARKED and
+ * OVER_QUOTA count events on top of a verdict; EGRESS_* count broadcast copies per port;
+ * NON_AGG counts the other frames that pass source validation.
  */
 enum counter {
 	CNT_RX = 0,          /* xdpagg packets (UDP to the aggregation port) seen at ingress */
@@ -256,6 +324,10 @@ enum counter {
 	CNT_CACHED,          /* completed sums copied to the agent's retransmit cache (ring buffer) */
 	CNT_CACHE_FULL,      /* completed sums the ring buffer had no room for */
 	CNT_ECN_MARKED,      /* DATA that arrived while its port's phantom queue was over the threshold: F_ECN set */
+	CNT_SPOOFED,         /* IPv4 or ARP frames whose source the port may not send (strict uRPF): dropped */
+	CNT_IP_INVALID,      /* frames to the xdpagg port with IP options, as fragments, or with a bad IPv4 checksum: dropped */
+	CNT_OVER_QUOTA,      /* data sent on to the PS because its job holds its quota of slots */
+	CNT_CTL_LIMITED,     /* control messages over their port's rate budget: dropped */
 	CNT_MAX,
 };
 

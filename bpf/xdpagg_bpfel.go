@@ -58,12 +58,33 @@ const (
 	XdpaggCounterCNT_CACHED       XdpaggCounter = 18
 	XdpaggCounterCNT_CACHE_FULL   XdpaggCounter = 19
 	XdpaggCounterCNT_ECN_MARKED   XdpaggCounter = 20
-	XdpaggCounterCNT_MAX          XdpaggCounter = 21
+	XdpaggCounterCNT_SPOOFED      XdpaggCounter = 21
+	XdpaggCounterCNT_IP_INVALID   XdpaggCounter = 22
+	XdpaggCounterCNT_OVER_QUOTA   XdpaggCounter = 23
+	XdpaggCounterCNT_CTL_LIMITED  XdpaggCounter = 24
+	XdpaggCounterCNT_MAX          XdpaggCounter = 25
 )
 
 type XdpaggCounters struct {
 	_   structs.HostLayout
-	Cnt [21]uint64
+	Cnt [25]uint64
+}
+
+type XdpaggCtlAuth struct {
+	_     structs.HostLayout
+	Stamp uint64
+	Tag   [16]uint8
+}
+
+type XdpaggCtlBucket struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad     uint32
+	Tat     uint64
+	Dropped uint64
 }
 
 type XdpaggEncoding uint32
@@ -88,6 +109,14 @@ const (
 	XdpaggFlagF_REHASH      XdpaggFlag = 256
 )
 
+type XdpaggGcArgs struct {
+	_     structs.HostLayout
+	First uint32
+	Count uint32
+	JobId uint32
+	Freed uint32
+}
+
 type XdpaggHdr struct {
 	_         structs.HostLayout
 	Version   uint8
@@ -108,9 +137,19 @@ type XdpaggHdr struct {
 }
 
 type XdpaggJob struct {
-	_       structs.HostLayout
-	PsIp    uint32
-	Workers uint32
+	_         structs.HostLayout
+	PsIp      uint32
+	PsIfindex uint32
+	PsPort    uint16
+	FanIn     uint8
+	Pad       uint8
+	MaxSlots  uint32
+	Held      int32
+}
+
+type XdpaggJobKey struct {
+	_   structs.HostLayout
+	Key [32]uint8
 }
 
 type XdpaggJoinBody struct {
@@ -123,12 +162,15 @@ type XdpaggJoinBody struct {
 type XdpaggLimit uint32
 
 const (
-	XdpaggLimitLIMIT_VERSION      XdpaggLimit = 1
-	XdpaggLimitLIMIT_DEFAULT_PORT XdpaggLimit = 9510
-	XdpaggLimitLIMIT_MAX_VALUES   XdpaggLimit = 832
-	XdpaggLimitLIMIT_STD_VALUES   XdpaggLimit = 360
-	XdpaggLimitLIMIT_MAX_WORKERS  XdpaggLimit = 32
-	XdpaggLimitLIMIT_HDR_SIZE     XdpaggLimit = 32
+	XdpaggLimitLIMIT_VERSION       XdpaggLimit = 1
+	XdpaggLimitLIMIT_DEFAULT_PORT  XdpaggLimit = 9510
+	XdpaggLimitLIMIT_MAX_VALUES    XdpaggLimit = 832
+	XdpaggLimitLIMIT_STD_VALUES    XdpaggLimit = 360
+	XdpaggLimitLIMIT_MAX_WORKERS   XdpaggLimit = 32
+	XdpaggLimitLIMIT_HDR_SIZE      XdpaggLimit = 32
+	XdpaggLimitLIMIT_GC_BATCH      XdpaggLimit = 256
+	XdpaggLimitLIMIT_CTL_AUTH_SIZE XdpaggLimit = 24
+	XdpaggLimitLIMIT_JOB_KEY_SIZE  XdpaggLimit = 32
 )
 
 type XdpaggMember struct {
@@ -230,6 +272,8 @@ type XdpaggWorkerKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	XdpaggMapCounters          = "counters"
+	XdpaggMapCtlBudget         = "ctl_budget"
+	XdpaggMapJobKeys           = "job_keys"
 	XdpaggMapJobs              = "jobs"
 	XdpaggMapMembers           = "members"
 	XdpaggMapPortQueues        = "port_queues"
@@ -239,18 +283,24 @@ const (
 	XdpaggMapSlots             = "slots"
 	XdpaggMapWorkers           = "workers"
 	XdpaggProgXdpaggEgress     = "xdpagg_egress"
+	XdpaggProgXdpaggGc         = "xdpagg_gc"
 	XdpaggProgXdpaggPass       = "xdpagg_pass"
 	XdpaggProgXdpaggSwitch     = "xdpagg_switch"
 	XdpaggVarAggPort           = "agg_port"
 	XdpaggVarCacheResults      = "cache_results"
+	XdpaggVarCtlBurstNs        = "ctl_burst_ns"
+	XdpaggVarCtlIntervalNs     = "ctl_interval_ns"
 	XdpaggVarEcnThresholdBytes = "ecn_threshold_bytes"
 	XdpaggVarPoolSize          = "pool_size"
 	XdpaggVarPortRateBps       = "port_rate_Bps"
 	XdpaggVarSlotTimeoutNs     = "slot_timeout_ns"
+	XdpaggVarSourceCheck       = "source_check"
 	XdpaggVarUnusedCacheStats  = "unused_cache_stats"
 	XdpaggVarUnusedCounter     = "unused_counter"
+	XdpaggVarUnusedCtlAuth     = "unused_ctl_auth"
 	XdpaggVarUnusedEncoding    = "unused_encoding"
 	XdpaggVarUnusedFlag        = "unused_flag"
+	XdpaggVarUnusedGcArgs      = "unused_gc_args"
 	XdpaggVarUnusedHdr         = "unused_hdr"
 	XdpaggVarUnusedJoinBody    = "unused_join_body"
 	XdpaggVarUnusedLimit       = "unused_limit"
@@ -302,6 +352,7 @@ type XdpaggSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggProgramSpecs struct {
 	XdpaggEgress *ebpf.ProgramSpec `ebpf:"xdpagg_egress"`
+	XdpaggGc     *ebpf.ProgramSpec `ebpf:"xdpagg_gc"`
 	XdpaggPass   *ebpf.ProgramSpec `ebpf:"xdpagg_pass"`
 	XdpaggSwitch *ebpf.ProgramSpec `ebpf:"xdpagg_switch"`
 }
@@ -311,6 +362,8 @@ type XdpaggProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggMapSpecs struct {
 	Counters   *ebpf.MapSpec `ebpf:"counters"`
+	CtlBudget  *ebpf.MapSpec `ebpf:"ctl_budget"`
+	JobKeys    *ebpf.MapSpec `ebpf:"job_keys"`
 	Jobs       *ebpf.MapSpec `ebpf:"jobs"`
 	Members    *ebpf.MapSpec `ebpf:"members"`
 	PortQueues *ebpf.MapSpec `ebpf:"port_queues"`
@@ -327,14 +380,19 @@ type XdpaggMapSpecs struct {
 type XdpaggVariableSpecs struct {
 	AggPort           *ebpf.VariableSpec `ebpf:"agg_port"`
 	CacheResults      *ebpf.VariableSpec `ebpf:"cache_results"`
+	CtlBurstNs        *ebpf.VariableSpec `ebpf:"ctl_burst_ns"`
+	CtlIntervalNs     *ebpf.VariableSpec `ebpf:"ctl_interval_ns"`
 	EcnThresholdBytes *ebpf.VariableSpec `ebpf:"ecn_threshold_bytes"`
 	PoolSize          *ebpf.VariableSpec `ebpf:"pool_size"`
 	PortRateBps       *ebpf.VariableSpec `ebpf:"port_rate_Bps"`
 	SlotTimeoutNs     *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
+	SourceCheck       *ebpf.VariableSpec `ebpf:"source_check"`
 	UnusedCacheStats  *ebpf.VariableSpec `ebpf:"unused_cache_stats"`
 	UnusedCounter     *ebpf.VariableSpec `ebpf:"unused_counter"`
+	UnusedCtlAuth     *ebpf.VariableSpec `ebpf:"unused_ctl_auth"`
 	UnusedEncoding    *ebpf.VariableSpec `ebpf:"unused_encoding"`
 	UnusedFlag        *ebpf.VariableSpec `ebpf:"unused_flag"`
+	UnusedGcArgs      *ebpf.VariableSpec `ebpf:"unused_gc_args"`
 	UnusedHdr         *ebpf.VariableSpec `ebpf:"unused_hdr"`
 	UnusedJoinBody    *ebpf.VariableSpec `ebpf:"unused_join_body"`
 	UnusedLimit       *ebpf.VariableSpec `ebpf:"unused_limit"`
@@ -364,6 +422,8 @@ func (o *XdpaggObjects) Close() error {
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggMaps struct {
 	Counters   *ebpf.Map `ebpf:"counters"`
+	CtlBudget  *ebpf.Map `ebpf:"ctl_budget"`
+	JobKeys    *ebpf.Map `ebpf:"job_keys"`
 	Jobs       *ebpf.Map `ebpf:"jobs"`
 	Members    *ebpf.Map `ebpf:"members"`
 	PortQueues *ebpf.Map `ebpf:"port_queues"`
@@ -377,6 +437,8 @@ type XdpaggMaps struct {
 func (m *XdpaggMaps) Close() error {
 	return _XdpaggClose(
 		m.Counters,
+		m.CtlBudget,
+		m.JobKeys,
 		m.Jobs,
 		m.Members,
 		m.PortQueues,
@@ -394,14 +456,19 @@ func (m *XdpaggMaps) Close() error {
 type XdpaggVariables struct {
 	AggPort           *ebpf.Variable `ebpf:"agg_port"`
 	CacheResults      *ebpf.Variable `ebpf:"cache_results"`
+	CtlBurstNs        *ebpf.Variable `ebpf:"ctl_burst_ns"`
+	CtlIntervalNs     *ebpf.Variable `ebpf:"ctl_interval_ns"`
 	EcnThresholdBytes *ebpf.Variable `ebpf:"ecn_threshold_bytes"`
 	PoolSize          *ebpf.Variable `ebpf:"pool_size"`
 	PortRateBps       *ebpf.Variable `ebpf:"port_rate_Bps"`
 	SlotTimeoutNs     *ebpf.Variable `ebpf:"slot_timeout_ns"`
+	SourceCheck       *ebpf.Variable `ebpf:"source_check"`
 	UnusedCacheStats  *ebpf.Variable `ebpf:"unused_cache_stats"`
 	UnusedCounter     *ebpf.Variable `ebpf:"unused_counter"`
+	UnusedCtlAuth     *ebpf.Variable `ebpf:"unused_ctl_auth"`
 	UnusedEncoding    *ebpf.Variable `ebpf:"unused_encoding"`
 	UnusedFlag        *ebpf.Variable `ebpf:"unused_flag"`
+	UnusedGcArgs      *ebpf.Variable `ebpf:"unused_gc_args"`
 	UnusedHdr         *ebpf.Variable `ebpf:"unused_hdr"`
 	UnusedJoinBody    *ebpf.Variable `ebpf:"unused_join_body"`
 	UnusedLimit       *ebpf.Variable `ebpf:"unused_limit"`
@@ -415,6 +482,7 @@ type XdpaggVariables struct {
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggPrograms struct {
 	XdpaggEgress *ebpf.Program `ebpf:"xdpagg_egress"`
+	XdpaggGc     *ebpf.Program `ebpf:"xdpagg_gc"`
 	XdpaggPass   *ebpf.Program `ebpf:"xdpagg_pass"`
 	XdpaggSwitch *ebpf.Program `ebpf:"xdpagg_switch"`
 }
@@ -422,6 +490,7 @@ type XdpaggPrograms struct {
 func (p *XdpaggPrograms) Close() error {
 	return _XdpaggClose(
 		p.XdpaggEgress,
+		p.XdpaggGc,
 		p.XdpaggPass,
 		p.XdpaggSwitch,
 	)

@@ -58,6 +58,15 @@ type Config struct {
 	// DATA with F_ECN while its backlog exceeds ECNThreshold (default 64 KiB). 0: no marking.
 	PortRate     uint64
 	ECNThreshold uint64
+	// NoSourceCheck turns off strict source validation (uRPF against the switch namespace's
+	// routes, docs/security.md). Only for BPF_PROG_TEST_RUN tests and benchmarks that feed
+	// frames no route explains: a switch on a fabric must keep it on.
+	NoSourceCheck bool
+	// ControlRate is how many control messages per second each port may send to the agent
+	// (default 20,000), with bursts of ControlBurst (default 2,000); the rest are dropped in XDP
+	// (ctl_limited), so one port's flood cannot crowd out the others at the agent's socket.
+	ControlRate  uint32
+	ControlBurst uint32
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -71,6 +80,12 @@ func (c Config) WithDefaults() Config {
 	if c.SlotTimeout == 0 {
 		c.SlotTimeout = 5 * time.Second
 	}
+	if c.ControlRate == 0 {
+		c.ControlRate = 20000
+	}
+	if c.ControlBurst == 0 {
+		c.ControlBurst = 2000
+	}
 	return c
 }
 
@@ -81,6 +96,9 @@ func (c Config) Validate() error {
 	}
 	if c.SlotTimeout < time.Millisecond {
 		return fmt.Errorf("%w: slot timeout %v: use at least 1ms", ErrConfig, c.SlotTimeout)
+	}
+	if c.ControlRate > 1e9 {
+		return fmt.Errorf("%w: control rate %d/s: use at most 1e9", ErrConfig, c.ControlRate)
 	}
 	return nil
 }
@@ -106,6 +124,15 @@ func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
 		bpf.XdpaggVarSlotTimeoutNs: uint64(cfg.SlotTimeout.Nanoseconds()),
 		bpf.XdpaggVarCacheResults:  uint32(0),
 		bpf.XdpaggVarPortRateBps:   cfg.PortRate,
+		bpf.XdpaggVarSourceCheck:   uint32(1),
+	}
+	if cfg.NoSourceCheck {
+		sets[bpf.XdpaggVarSourceCheck] = uint32(0)
+	}
+	if cfg.ControlRate > 0 {
+		interval := uint64(1e9) / uint64(cfg.ControlRate)
+		sets[bpf.XdpaggVarCtlIntervalNs] = interval
+		sets[bpf.XdpaggVarCtlBurstNs] = interval * uint64(max(cfg.ControlBurst, 1))
 	}
 	if cfg.ECNThreshold > 0 {
 		sets[bpf.XdpaggVarEcnThresholdBytes] = cfg.ECNThreshold
@@ -143,7 +170,7 @@ func Load(cfg Config) (*Switch, error) {
 	if err := spec.LoadAndAssign(&s.Objects, nil); err != nil {
 		return nil, fmt.Errorf("load switch programs: %w", err)
 	}
-	s.Maps = maps.New(&s.Objects.XdpaggMaps)
+	s.Maps = maps.New(&s.Objects)
 	return s, nil
 }
 
@@ -208,26 +235,23 @@ func (s *Switch) Pin(dir string) error {
 	if err := CheckBPFFS(filepath.Dir(filepath.Clean(dir))); err != nil {
 		return err
 	}
-	for _, sub := range []string{"maps", "links"} {
+	for _, sub := range []string{"maps", "links", "progs"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
 			return fmt.Errorf("create pin directory: %w", err)
 		}
 	}
 	// Record the directory first, so a failure part-way still has Close remove what was pinned.
 	s.pinDir = dir
-	named := map[string]*ebpf.Map{
-		bpf.XdpaggMapSlots:    s.Objects.Slots,
-		bpf.XdpaggMapMembers:  s.Objects.Members,
-		bpf.XdpaggMapPorts:    s.Objects.Ports,
-		bpf.XdpaggMapCounters: s.Objects.Counters,
-		bpf.XdpaggMapWorkers:  s.Objects.Workers,
-		bpf.XdpaggMapJobs:     s.Objects.Jobs,
-	}
-	for name, m := range named {
-		if err := m.Pin(filepath.Join(dir, "maps", name)); err != nil {
+	for _, m := range s.pinnedMaps() {
+		name := m.name
+		if err := m.m.Pin(filepath.Join(dir, "maps", name)); err != nil {
 			s.unpin()
 			return fmt.Errorf("pin map %s: %w", name, err)
 		}
+	}
+	if err := s.Objects.XdpaggGc.Pin(filepath.Join(dir, maps.PinnedGC)); err != nil {
+		s.unpin()
+		return fmt.Errorf("pin garbage collector: %w", err)
 	}
 	for ifindex, l := range s.links {
 		if err := l.Pin(s.linkPin(ifindex)); err != nil {
@@ -235,6 +259,26 @@ func (s *Switch) Pin(dir string) error {
 		}
 	}
 	return nil
+}
+
+type namedMap struct {
+	name string
+	m    *ebpf.Map
+}
+
+// pinnedMaps are the maps other processes open (maps.OpenPinned): all but the agent's ring buffer.
+func (s *Switch) pinnedMaps() []namedMap {
+	o := &s.Objects
+	byName := map[string]*ebpf.Map{
+		bpf.XdpaggMapSlots: o.Slots, bpf.XdpaggMapMembers: o.Members, bpf.XdpaggMapPorts: o.Ports,
+		bpf.XdpaggMapCounters: o.Counters, bpf.XdpaggMapWorkers: o.Workers, bpf.XdpaggMapJobs: o.Jobs,
+		bpf.XdpaggMapJobKeys: o.JobKeys, bpf.XdpaggMapCtlBudget: o.CtlBudget,
+	}
+	out := make([]namedMap, 0, len(maps.PinnedMaps))
+	for _, n := range maps.PinnedMaps {
+		out = append(out, namedMap{n, byName[n]})
+	}
+	return out
 }
 
 func (s *Switch) linkPin(ifindex int) string {
@@ -258,10 +302,12 @@ func (s *Switch) unpin() error {
 		return nil
 	}
 	var errs []error
-	for _, m := range []*ebpf.Map{s.Objects.Slots, s.Objects.Members, s.Objects.Ports, s.Objects.Counters, s.Objects.Workers, s.Objects.Jobs} {
-		errs = append(errs, m.Unpin()) // a no-op for a map that was never pinned
+	for _, m := range s.pinnedMaps() {
+		errs = append(errs, m.m.Unpin()) // a no-op for a map that was never pinned
 	}
+	errs = append(errs, s.Objects.XdpaggGc.Unpin())
 	_ = os.Remove(filepath.Join(s.pinDir, "maps"))
+	_ = os.Remove(filepath.Join(s.pinDir, "progs"))
 	_ = os.Remove(filepath.Join(s.pinDir, "links"))
 	_ = os.Remove(s.pinDir)
 	s.pinDir = ""

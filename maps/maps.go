@@ -2,7 +2,6 @@
 package maps
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -49,6 +48,10 @@ const (
 	CntCached      = bpf.XdpaggCounterCNT_CACHED
 	CntCacheFull   = bpf.XdpaggCounterCNT_CACHE_FULL
 	CntECNMarked   = bpf.XdpaggCounterCNT_ECN_MARKED
+	CntSpoofed     = bpf.XdpaggCounterCNT_SPOOFED
+	CntIPInvalid   = bpf.XdpaggCounterCNT_IP_INVALID
+	CntOverQuota   = bpf.XdpaggCounterCNT_OVER_QUOTA
+	CntCtlLimited  = bpf.XdpaggCounterCNT_CTL_LIMITED
 	NumCounters    = int(bpf.XdpaggCounterCNT_MAX)
 )
 
@@ -77,6 +80,10 @@ var counterNames = [NumCounters]string{
 	CntCached:      "cached",
 	CntCacheFull:   "cache_full",
 	CntECNMarked:   "ecn_marked",
+	CntSpoofed:     "spoofed",
+	CntIPInvalid:   "ip_invalid",
+	CntOverQuota:   "over_quota",
+	CntCtlLimited:  "ctl_limited",
 }
 
 // CounterName is the stable snake_case name of a counter (used in JSON and metrics).
@@ -114,27 +121,44 @@ type Maps struct {
 	Ports    *ebpf.Map // ifindex -> bpf.XdpaggBpfDevmapVal
 	Counters *ebpf.Map // 0 -> per-CPU bpf.XdpaggCounters, indexed by Counter
 	Workers  *ebpf.Map // bpf.XdpaggWorkerKey -> bpf.XdpaggWorker (ingress membership)
-	Jobs     *ebpf.Map // job id -> bpf.XdpaggJob
-	Results  *ebpf.Map // ring buffer of bpf.XdpaggResultRec (retransmit cache feed); nil when opened pinned
-	owned    bool
+	Jobs     *ebpf.Map // job id -> bpf.XdpaggJob (admitted jobs)
+	JobKeys  *ebpf.Map // job id -> bpf.XdpaggJobKey (control keys; read by the agent only)
+	// CtlBudget is ifindex -> bpf.XdpaggCtlBucket, the per-port control-message budget.
+	CtlBudget *ebpf.Map
+	Results   *ebpf.Map // ring buffer of bpf.XdpaggResultRec (retransmit cache feed); nil when opened pinned
+	// GC is the xdpagg_gc program (slot garbage collector, run with BPF_PROG_TEST_RUN).
+	GC    *ebpf.Program
+	owned bool
 }
 
-// New wraps maps of a switch loaded in this process.
-func New(m *bpf.XdpaggMaps) *Maps {
+// New wraps the maps (and the garbage collector program) of a switch loaded in this process.
+func New(o *bpf.XdpaggObjects) *Maps {
+	m := &o.XdpaggMaps
 	return &Maps{Slots: m.Slots, Members: m.Members, Ports: m.Ports, Counters: m.Counters,
-		Workers: m.Workers, Jobs: m.Jobs, Results: m.Results}
+		Workers: m.Workers, Jobs: m.Jobs, JobKeys: m.JobKeys, CtlBudget: m.CtlBudget,
+		Results: m.Results, GC: o.XdpaggGc}
 }
+
+// PinnedGC is where a switch pins its garbage collector program, relative to its pin directory.
+const PinnedGC = "progs/xdpagg_gc"
+
+// PinnedMaps names the maps a switch pins under dir/maps (the ring buffer is the agent's alone).
+var PinnedMaps = []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts,
+	bpf.XdpaggMapCounters, bpf.XdpaggMapWorkers, bpf.XdpaggMapJobs, bpf.XdpaggMapJobKeys,
+	bpf.XdpaggMapCtlBudget}
 
 // OpenPinned opens the maps a switch pinned under dir (loader.Switch.Pin).
 func OpenPinned(dir string) (*Maps, error) {
 	m := &Maps{owned: true}
 	for name, dst := range map[string]**ebpf.Map{
-		bpf.XdpaggMapSlots:    &m.Slots,
-		bpf.XdpaggMapMembers:  &m.Members,
-		bpf.XdpaggMapPorts:    &m.Ports,
-		bpf.XdpaggMapCounters: &m.Counters,
-		bpf.XdpaggMapWorkers:  &m.Workers,
-		bpf.XdpaggMapJobs:     &m.Jobs,
+		bpf.XdpaggMapSlots:     &m.Slots,
+		bpf.XdpaggMapMembers:   &m.Members,
+		bpf.XdpaggMapPorts:     &m.Ports,
+		bpf.XdpaggMapCounters:  &m.Counters,
+		bpf.XdpaggMapWorkers:   &m.Workers,
+		bpf.XdpaggMapJobs:      &m.Jobs,
+		bpf.XdpaggMapJobKeys:   &m.JobKeys,
+		bpf.XdpaggMapCtlBudget: &m.CtlBudget,
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", name), &ebpf.LoadPinOptions{ReadOnly: false})
 		if err != nil {
@@ -146,6 +170,12 @@ func OpenPinned(dir string) (*Maps, error) {
 		}
 		*dst = mp
 	}
+	gc, err := ebpf.LoadPinnedProgram(filepath.Join(dir, PinnedGC), nil)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("open pinned garbage collector: %w", err)
+	}
+	m.GC = gc
 	return m, nil
 }
 
@@ -155,10 +185,13 @@ func (m *Maps) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.Slots, m.Members, m.Ports, m.Counters, m.Workers, m.Jobs} {
+	for _, mp := range []*ebpf.Map{m.Slots, m.Members, m.Ports, m.Counters, m.Workers, m.Jobs, m.JobKeys, m.CtlBudget} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
+	}
+	if m.GC != nil {
+		errs = append(errs, m.GC.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -267,181 +300,6 @@ func (m *Maps) ResetSlots() error {
 	return nil
 }
 
-// Member says where one worker of a job is reached from the switch.
-type Member struct {
-	JobID    uint32           `json:"job"`
-	WorkerID uint8            `json:"worker"`
-	Ifindex  uint32           `json:"ifindex"`  // switch port the worker is behind
-	Addr     netip.AddrPort   `json:"addr"`     // worker's IPv4 address and UDP port
-	MAC      net.HardwareAddr `json:"mac"`      // worker's MAC (next hop from that port)
-	PortMAC  net.HardwareAddr `json:"port_mac"` // the switch port's MAC
-	SrcIP    netip.Addr       `json:"src_ip"`   // source address results carry (the PS)
-}
-
-// MarshalJSON writes MACs as "02:00:..." strings rather than base64 bytes.
-func (mb Member) MarshalJSON() ([]byte, error) {
-	type plain Member // no methods: no recursion
-	return json.Marshal(struct {
-		plain
-		MAC     string `json:"mac"`
-		PortMAC string `json:"port_mac"`
-	}{plain(mb), mb.MAC.String(), mb.PortMAC.String()})
-}
-
-// ErrBadMember is returned for members that cannot be encoded.
-var ErrBadMember = errors.New("invalid job member")
-
-func (mb Member) encode() (bpf.XdpaggMemberKey, bpf.XdpaggMember, error) {
-	k := bpf.XdpaggMemberKey{JobId: mb.JobID, Ifindex: mb.Ifindex}
-	var v bpf.XdpaggMember
-	if mb.JobID == 0 {
-		return k, v, fmt.Errorf("%w: job id 0 is reserved", ErrBadMember)
-	}
-	if !mb.Addr.Addr().Is4() || !mb.SrcIP.Is4() {
-		return k, v, fmt.Errorf("%w: worker %v and source %v must be IPv4", ErrBadMember, mb.Addr, mb.SrcIP)
-	}
-	if len(mb.MAC) != 6 || len(mb.PortMAC) != 6 {
-		return k, v, fmt.Errorf("%w: MACs %v / %v must be 6 bytes", ErrBadMember, mb.MAC, mb.PortMAC)
-	}
-	if int(mb.WorkerID) >= bpf.MaxWorkers {
-		return k, v, fmt.Errorf("%w: worker id %d: use 0..%d", ErrBadMember, mb.WorkerID, bpf.MaxWorkers-1)
-	}
-	copy(v.DstMac[:], mb.MAC)
-	copy(v.SrcMac[:], mb.PortMAC)
-	v.DstIp = ipToNetwork(mb.Addr.Addr())
-	v.SrcIp = ipToNetwork(mb.SrcIP)
-	p := mb.Addr.Port()
-	v.DstPort = p>>8 | p<<8 // network byte order in a host-order (little-endian) field
-	v.WorkerId = mb.WorkerID
-	return k, v, nil
-}
-
-// ipToNetwork returns the uint32 whose in-memory (little-endian) bytes are the address in network order.
-func ipToNetwork(a netip.Addr) uint32 {
-	b := a.As4()
-	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
-}
-
-func ipFromNetwork(v uint32) netip.Addr {
-	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
-}
-
-// PutMember adds or replaces a job member behind a port: where the job's results go out of that
-// port (members), who may contribute (workers: the worker id, address, UDP port and port
-// ifindex that the switch's ingress checks), and the job's PS, the only source of its RESULTs
-// (jobs).
-func (m *Maps) PutMember(mb Member) error {
-	k, v, err := mb.encode()
-	if err != nil {
-		return err
-	}
-	// A member replaced behind this port (another worker id) loses its right to contribute.
-	var old bpf.XdpaggMember
-	if err := m.Members.Lookup(&k, &old); err == nil && old.WorkerId != mb.WorkerID {
-		if err := m.DeleteMember(mb.JobID, mb.Ifindex); err != nil {
-			return err
-		}
-	}
-	if err := m.PutWorker(mb.JobID, mb.WorkerID, mb.Addr, mb.Ifindex); err != nil {
-		return err
-	}
-	if err := m.PutJob(mb.JobID, mb.SrcIP, 1<<mb.WorkerID); err != nil {
-		return err
-	}
-	if err := m.Members.Put(&k, &v); err != nil {
-		return fmt.Errorf("write member job %d ifindex %d: %w", mb.JobID, mb.Ifindex, err)
-	}
-	return nil
-}
-
-// PutWorker lets worker id of job contribute from addr through switch port ifindex (the
-// ingress half of PutMember, for senders that take no results there, and for tests).
-func (m *Maps) PutWorker(job uint32, id uint8, addr netip.AddrPort, ifindex uint32) error {
-	if job == 0 || int(id) >= bpf.MaxWorkers || !addr.Addr().Is4() {
-		return fmt.Errorf("%w: job %d worker %d at %v: need job > 0, worker 0..%d, IPv4", ErrBadMember, job, id, addr, bpf.MaxWorkers-1)
-	}
-	k := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(id)}
-	p := addr.Port()
-	v := bpf.XdpaggWorker{Ip: ipToNetwork(addr.Addr()), Ifindex: ifindex, Port: p>>8 | p<<8}
-	if err := m.Workers.Put(&k, &v); err != nil {
-		return fmt.Errorf("write worker %d of job %d: %w", id, job, err)
-	}
-	return nil
-}
-
-// PutJob records job's PS address (the only source its RESULTs may come from) and ORs
-// workerBits into its joined-workers bitmap.
-func (m *Maps) PutJob(job uint32, ps netip.Addr, workerBits uint32) error {
-	if job == 0 || !ps.Is4() {
-		return fmt.Errorf("%w: job %d with PS %v: need job > 0 and an IPv4 PS", ErrBadMember, job, ps)
-	}
-	var v bpf.XdpaggJob
-	if err := m.Jobs.Lookup(&job, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("read job %d: %w", job, err)
-	}
-	v.PsIp = ipToNetwork(ps)
-	v.Workers |= workerBits
-	if err := m.Jobs.Put(&job, &v); err != nil {
-		return fmt.Errorf("write job %d: %w", job, err)
-	}
-	return nil
-}
-
-// DeleteMember removes the member of job behind ifindex, its right to contribute, and the job
-// itself when no worker is left.
-func (m *Maps) DeleteMember(job, ifindex uint32) error {
-	k := bpf.XdpaggMemberKey{JobId: job, Ifindex: ifindex}
-	var v bpf.XdpaggMember
-	if err := m.Members.Lookup(&k, &v); err != nil {
-		return fmt.Errorf("delete member job %d ifindex %d: %w", job, ifindex, err)
-	}
-	wk := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(v.WorkerId)}
-	if err := m.Workers.Delete(&wk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete worker %d of job %d: %w", v.WorkerId, job, err)
-	}
-	var jv bpf.XdpaggJob
-	if err := m.Jobs.Lookup(&job, &jv); err == nil {
-		jv.Workers &^= 1 << v.WorkerId
-		if jv.Workers == 0 {
-			err = m.Jobs.Delete(&job)
-		} else {
-			err = m.Jobs.Put(&job, &jv)
-		}
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("update job %d: %w", job, err)
-		}
-	}
-	if err := m.Members.Delete(&k); err != nil {
-		return fmt.Errorf("delete member job %d ifindex %d: %w", job, ifindex, err)
-	}
-	return nil
-}
-
-// Job is a job as the switch knows it.
-type Job struct {
-	JobID   uint32     `json:"job"`
-	PS      netip.Addr `json:"ps"`
-	Workers uint32     `json:"workers"` // bitmap of joined worker ids
-}
-
-// ListJobs returns every job, ordered by id.
-func (m *Maps) ListJobs() ([]Job, error) {
-	var (
-		k   uint32
-		v   bpf.XdpaggJob
-		out []Job
-	)
-	it := m.Jobs.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, Job{JobID: k, PS: ipFromNetwork(v.PsIp), Workers: v.Workers})
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate jobs: %w", err)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].JobID < out[j].JobID })
-	return out, nil
-}
-
 func decodeMember(k bpf.XdpaggMemberKey, v bpf.XdpaggMember) Member {
 	p := v.DstPort>>8 | v.DstPort<<8
 	return Member{
@@ -538,36 +396,4 @@ func ReadCacheStats(dir string) (st CacheStats, ok bool, err error) {
 	}
 	return CacheStats{Entries: v.Entries, Bytes: v.Bytes, Stored: v.Stored, Hits: v.Hits, Misses: v.Misses,
 		EvictedAcked: v.EvictedAcked, EvictedAge: v.EvictedAge, Acks: v.Acks}, true, nil
-}
-
-// ReclaimIdle frees every slot (half-filled or completed) idle for longer than idle, and returns
-// how many it freed. The switch does the same lazily, when a packet reaches such a slot; the
-// agent does it eagerly so that an idle pool ends up empty (ATP's aggregator garbage collection).
-// Freeing any slot is safe for the sums: contributors without a result resend their data, and
-// resends find no slot and go to the PS. Only the slot's state is written, under its spin lock.
-func (m *Maps) ReclaimIdle(idle time.Duration) (int, error) {
-	used, err := m.SlotsInUse()
-	if err != nil {
-		return 0, err
-	}
-	freed := 0
-	for _, u := range used {
-		if u.Age <= idle {
-			continue
-		}
-		var s bpf.XdpaggSlot
-		if err := m.Slots.LookupWithFlags(u.Index, &s, ebpf.LookupLock); err != nil {
-			return freed, fmt.Errorf("read slot %d: %w", u.Index, err)
-		}
-		// Re-check under the lock: a packet may have taken the slot since the listing.
-		if s.State == uint8(bpf.XdpaggSlotStateSLOT_FREE) || s.JobId != u.JobID || s.Seq != u.Seq {
-			continue
-		}
-		s.State = uint8(bpf.XdpaggSlotStateSLOT_FREE)
-		if err := m.Slots.Update(u.Index, &s, ebpf.UpdateLock); err != nil {
-			return freed, fmt.Errorf("free slot %d: %w", u.Index, err)
-		}
-		freed++
-	}
-	return freed, nil
 }

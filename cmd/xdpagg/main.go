@@ -2,6 +2,7 @@
 //
 //	xdpagg switch  --iface p0,p1 [--name default] [--ready-file F] ...   run a switch (verb: changes state)
 //	xdpagg inspect [--name default] [--json] [--slots]                 read a live switch (noun)
+//	xdpagg job add --id N --workers W --ps IP[:PORT] | list [--json] | rm --id N   admit/list/end jobs
 //	xdpagg demo    [--workers 4] [--values N] [--json]                 embedded netns topology + allreduce
 //	xdpagg bench   [--modes ...] [--sizes ...] [--workers ...] [--json]  side-by-side benchmark
 package main
@@ -24,6 +25,7 @@ type command struct {
 var commands = []command{
 	{"switch", "attach the XDP switch to interfaces and serve until SIGINT/SIGTERM", runSwitch},
 	{"inspect", "show a running switch's counters, slots and members", runInspect},
+	{"job", "admit (add), list or end (rm) jobs on a running switch", runJob},
 	{"demo", "build a netns topology, run a verified allreduce through the switch, tear down", runDemo},
 	{"bench", "compare xdpagg with a parameter server, ring allreduce and Gloo side by side", runBench},
 }

@@ -23,7 +23,7 @@ func runSwitch(args []string, _ io.Writer) error {
 		pinRoot  = fs.String("pin-root", agent.DefaultPinRoot, "bpffs directory for pins (mounted if needed)")
 		port     = fs.Uint("port", uint(loader.DefaultPort), "UDP port of xdpagg traffic")
 		pool     = fs.Uint("pool", 4096, "aggregator slots; workers must use the same value")
-		timeout  = fs.Duration("slot-timeout", 5*time.Second, "idle time after which a completed slot may be taken by another job")
+		timeout  = fs.Duration("slot-timeout", 5*time.Second, "idle time after which a slot (half-filled or completed) may be taken by another job; the agent frees idle slots every half of it")
 		generic  = fs.Bool("generic", false, "attach in generic (skb) XDP mode instead of native")
 		metrics  = fs.String("metrics-addr", "", "serve Prometheus metrics at host:port (empty: off)")
 		ready    = fs.String("ready-file", "", "write this JSON file once serving (for scripts and tests); removed on exit")
@@ -31,6 +31,10 @@ func runSwitch(args []string, _ io.Writer) error {
 		ecnBytes = fs.Uint64("ecn-threshold", 64<<10, "phantom-queue backlog in bytes above which data is marked F_ECN")
 		noCache  = fs.Bool("no-retransmit-cache", false, "do not keep completed sums on the switch CPU for workers' retransmit requests")
 		cacheAge = fs.Duration("cache-age", 10*time.Second, "longest a result stays in the retransmit cache when not every worker acknowledged it")
+		memTTL   = fs.Duration("member-ttl", agent.DefaultMemberTTL, "silence after which a bound worker id may be taken over by another host's authenticated JOIN")
+		perPort  = fs.Int("max-members-per-port", agent.DefaultMaxMembersPerPort, "most job members behind one switch port")
+		ctlRate  = fs.Uint("control-rate", 20000, "control messages per second each port may send to the agent (excess dropped in XDP)")
+		ctlBurst = fs.Uint("control-burst", 2000, "burst of control messages a port may send at once")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -44,6 +48,9 @@ func runSwitch(args []string, _ io.Writer) error {
 	if *pool == 0 || *pool > loader.MaxPoolSize {
 		return fmt.Errorf("%w: --pool %d: use 1..%d", errUsage, *pool, loader.MaxPoolSize)
 	}
+	if *ctlRate == 0 || *ctlBurst == 0 || *perPort <= 0 || *memTTL <= 0 {
+		return fmt.Errorf("%w: --control-rate, --control-burst, --max-members-per-port and --member-ttl must be positive", errUsage)
+	}
 	if *cacheAge <= 0 {
 		return fmt.Errorf("%w: --cache-age %v: use a positive duration, e.g. 10s", errUsage, *cacheAge)
 	}
@@ -54,7 +61,9 @@ func runSwitch(args []string, _ io.Writer) error {
 		Interfaces:        strings.Split(*ifaces, ","),
 		PinRoot:           *pinRoot,
 		Switch: loader.Config{Port: uint16(*port), PoolSize: uint32(*pool), SlotTimeout: *timeout,
-			Generic: *generic, PortRate: *portMbps * 1_000_000 / 8, ECNThreshold: *ecnBytes},
+			Generic: *generic, PortRate: *portMbps * 1_000_000 / 8, ECNThreshold: *ecnBytes,
+			ControlRate: uint32(min(*ctlRate, 1e9)), ControlBurst: uint32(min(*ctlBurst, 1e9))},
+		Control:     agent.ControlConfig{MemberTTL: *memTTL, MaxMembersPerPort: *perPort},
 		MetricsAddr: *metrics,
 		ReadyFile:   *ready,
 	}

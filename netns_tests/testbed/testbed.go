@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
@@ -60,11 +61,14 @@ type JobSpec struct {
 	// Extra adjusts a worker's config before creation, after Options.ExtraWorker; i is the
 	// worker id in the job.
 	Extra func(i int, cfg *hostlib.WorkerConfig)
+	// MaxSlots is the job's slot quota at the switch (0: maps.DefaultMaxSlots of the pool).
+	MaxSlots uint32
 }
 
 // Job is a running job of a testbed.
 type Job struct {
 	Spec    JobSpec
+	Key     []byte            // the job's control key, as `xdpagg job add` makes it
 	Port    uint16            // UDP port the job's workers bind, each on its own host
 	Hosts   []*topo.Host      // Hosts[i] runs Workers[i]
 	Workers []*hostlib.Worker // in worker-id order
@@ -193,6 +197,18 @@ func New(opts Options) (b *Bed, err error) {
 			job.Hosts = append(job.Hosts, b.Topo.Workers[h])
 		}
 		b.Jobs = append(b.Jobs, job)
+		// Admission, as `xdpagg job add` does it: the PS, the fan-in, the quota and a key.
+		if job.Key, err = ctlauth.NewKey(); err != nil {
+			return b, err
+		}
+		quota := js.MaxSlots
+		if quota == 0 {
+			quota = maps.DefaultMaxSlots(opts.Switch.PoolSize)
+		}
+		adm := maps.Job{JobID: js.ID, PS: psAddr, PSIfindex: uint32(ps.PortIndex), Workers: uint8(len(job.Hosts)), MaxSlots: quota}
+		if err = b.Switch.Maps.AddJob(adm, job.Key); err != nil {
+			return b, fmt.Errorf("admit job %d: %w", js.ID, err)
+		}
 		// One member per job per switch port: each of the job's hosts is behind its own port.
 		for i, w := range job.Hosts {
 			m := maps.Member{JobID: js.ID, WorkerID: uint8(i), Ifindex: uint32(w.PortIndex),

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/xdpagg/xdpagg/agent"
+	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/maps"
+)
+
+// runJob dispatches `xdpagg job add|list|rm`: the operator's admission of jobs on a running
+// switch (docs/security.md). add and rm change state; list reads.
+func runJob(args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: xdpagg job add|list|rm [flags] (see xdpagg job add -h)", errUsage)
+	}
+	switch args[0] {
+	case "add":
+		return runJobAdd(args[1:], stdout)
+	case "list":
+		return runJobList(args[1:], stdout)
+	case "rm":
+		return runJobRm(args[1:], stdout)
+	case "-h", "--help", "help":
+		fmt.Fprintln(stdout, "usage: xdpagg job add|list|rm [flags]\n\n"+
+			"  add   admit a job: bind its PS, its worker count and slot quota, make its key\n"+
+			"  list  show admitted jobs\n"+
+			"  rm    end a job: drop its members and key, free its slots")
+		return nil
+	}
+	return fmt.Errorf("%w: unknown job command %q: use add, list or rm", errUsage, args[0])
+}
+
+func switchFlags(fs *flag.FlagSet) (name, pinRoot *string) {
+	name = fs.String("name", "default", "switch name (as given to xdpagg switch --name)")
+	pinRoot = fs.String("pin-root", agent.DefaultPinRoot, "bpffs directory the switch pinned under")
+	return
+}
+
+func openSwitch(pinRoot, name string) (*maps.Maps, error) {
+	m, err := maps.OpenPinned(agent.PinDir(pinRoot, name))
+	if err != nil {
+		return nil, fmt.Errorf("%w (is `xdpagg switch --name %s` running?)", err, name)
+	}
+	return m, nil
+}
+
+// jobAdded is what `xdpagg job add --json` prints.
+type jobAdded struct {
+	maps.Job
+	Key string `json:"key,omitempty"` // hex; absent when written to --key-file
+}
+
+func runJobAdd(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("job add", flag.ContinueOnError)
+	name, pinRoot := switchFlags(fs)
+	var (
+		id       = fs.Uint("id", 0, "job id to admit, 1..4294967295 (required)")
+		workers  = fs.Uint("workers", 0, "workers in the job, 1..32: every sum has exactly this many contributions (required)")
+		ps       = fs.String("ps", "", "the job's parameter server as IPv4[:port] (port default 9510); the only source of its results (required)")
+		psIface  = fs.String("ps-iface", "", "switch port the PS is behind (default: the port the switch routes the PS's address to)")
+		maxSlots = fs.Uint("max-slots", 0, "most aggregator slots the job may hold (default: a quarter of the pool, at least 128)")
+		keyFile  = fs.String("key-file", "", "write the job's key (hex) to this file, mode 0600, instead of printing it")
+		asJSON   = fs.Bool("json", false, "print JSON")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *id == 0 || *id > 0xffffffff {
+		return fmt.Errorf("%w: --id %d: use 1..4294967295", errUsage, *id)
+	}
+	if *workers == 0 || *workers > 32 {
+		return fmt.Errorf("%w: --workers %d: use 1..32", errUsage, *workers)
+	}
+	psAddr, err := parsePS(*ps)
+	if err != nil {
+		return err
+	}
+	m, err := openSwitch(*pinRoot, *name)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	ifindex, err := psPort(m, psAddr.Addr(), *psIface)
+	if err != nil {
+		return err
+	}
+	quota := uint32(*maxSlots)
+	if quota == 0 {
+		quota = maps.DefaultMaxSlots(m.PoolSize())
+	}
+	if quota > m.PoolSize() {
+		return fmt.Errorf("%w: --max-slots %d: the pool has %d slots", errUsage, quota, m.PoolSize())
+	}
+	key, err := ctlauth.NewKey()
+	if err != nil {
+		return err
+	}
+	j := maps.Job{JobID: uint32(*id), PS: psAddr, PSIfindex: ifindex, Workers: uint8(*workers), MaxSlots: quota}
+	if *keyFile != "" {
+		// Written before admission: a job never exists without its key somewhere.
+		if err := os.WriteFile(*keyFile, []byte(ctlauth.FormatKey(key)+"\n"), 0o600); err != nil {
+			return fmt.Errorf("write key file: %w", err)
+		}
+	}
+	if err := m.AddJob(j, key); err != nil {
+		if *keyFile != "" {
+			_ = os.Remove(*keyFile)
+		}
+		return err
+	}
+	out := jobAdded{Job: j}
+	if *keyFile == "" {
+		out.Key = ctlauth.FormatKey(key)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	fmt.Fprintf(stdout, "job %d admitted: %d workers, PS %v (switch port ifindex %d), at most %d slots\n", j.JobID, j.Workers, j.PS, j.PSIfindex, j.MaxSlots)
+	if out.Key != "" {
+		fmt.Fprintf(stdout, "key %s\n", out.Key)
+	} else {
+		fmt.Fprintf(stdout, "key written to %s\n", *keyFile)
+	}
+	return nil
+}
+
+func parsePS(s string) (netip.AddrPort, error) {
+	if s == "" {
+		return netip.AddrPort{}, fmt.Errorf("%w: --ps is required (the job's parameter server, IPv4[:port])", errUsage)
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil && ap.Addr().Is4() && ap.Port() != 0 {
+		return ap, nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+		return netip.AddrPortFrom(a, loader.DefaultPort), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("%w: --ps %q: want IPv4[:port], e.g. 10.0.5.2:9510", errUsage, s)
+}
+
+// psPort finds the switch port the PS is behind: the named interface, or where the switch's
+// routing table sends the PS's address. Either must be one of the switch's ports.
+func psPort(m *maps.Maps, ps netip.Addr, iface string) (uint32, error) {
+	var ifindex int
+	if iface != "" {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return 0, fmt.Errorf("%w: --ps-iface %q: %v", errUsage, iface, err)
+		}
+		ifindex = l.Attrs().Index
+	} else {
+		routes, err := netlink.RouteGet(net.IP(ps.AsSlice()))
+		if err != nil || len(routes) == 0 {
+			return 0, fmt.Errorf("%w: no route to the PS %v here: name its switch port with --ps-iface (%v)", errUsage, ps, err)
+		}
+		ifindex = routes[0].LinkIndex
+	}
+	ports, err := m.ListPorts()
+	if err != nil {
+		return 0, err
+	}
+	if !slices.Contains(ports, uint32(ifindex)) {
+		return 0, fmt.Errorf("%w: the PS %v is behind ifindex %d, which is not a port of this switch (ports %v)", errUsage, ps, ifindex, ports)
+	}
+	return uint32(ifindex), nil
+}
+
+func runJobList(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("job list", flag.ContinueOnError)
+	name, pinRoot := switchFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	m, err := openSwitch(*pinRoot, *name)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	jobs, err := m.ListJobs()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if jobs == nil {
+			jobs = []maps.Job{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(jobs)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tPS\tPS IFINDEX\tWORKERS\tJOINED\tSLOTS HELD\tMAX SLOTS")
+	for _, j := range jobs {
+		fmt.Fprintf(tw, "%d\t%v\t%d\t%d\t%#x\t%d\t%d\n", j.JobID, j.PS, j.PSIfindex, j.Workers, j.Joined, j.Held, j.MaxSlots)
+	}
+	return tw.Flush()
+}
+
+func runJobRm(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("job rm", flag.ContinueOnError)
+	name, pinRoot := switchFlags(fs)
+	id := fs.Uint("id", 0, "job id to end (required)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *id == 0 || *id > 0xffffffff {
+		return fmt.Errorf("%w: --id %d: use 1..4294967295", errUsage, *id)
+	}
+	m, err := openSwitch(*pinRoot, *name)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	freed, err := m.RemoveJob(uint32(*id))
+	if errors.Is(err, maps.ErrNoJob) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "job %d removed; %d slots freed\n", *id, freed)
+	return nil
+}

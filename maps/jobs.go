@@ -1,0 +1,424 @@
+package maps
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdpagg/xdpagg/bpf"
+)
+
+// Sentinel errors of job admission and membership.
+var (
+	// ErrBadMember is returned for members that cannot be encoded.
+	ErrBadMember = errors.New("invalid job member")
+	// ErrNoJob: the job was never admitted (or was removed).
+	ErrNoJob = errors.New("job not admitted")
+	// ErrJobExists: AddJob for an id already admitted.
+	ErrJobExists = errors.New("job already admitted")
+	// ErrBadJob: a job that cannot be admitted as given.
+	ErrBadJob = errors.New("invalid job")
+)
+
+// KeySize is the size of a job's control key.
+const KeySize = int(bpf.XdpaggLimitLIMIT_JOB_KEY_SIZE)
+
+// DefaultMaxSlots is the slot quota of a job admitted without one: a quarter of the pool, at
+// least 2·64 (the default window's rotation, 2W) where the pool allows it. A quarter leaves
+// three quarters of the pool to others whatever one tenant does, and still gives one job the
+// 2W slots a full window rotates over on a pool of 512 or more.
+func DefaultMaxSlots(pool uint32) uint32 {
+	return min(pool, max(pool/4, 128))
+}
+
+// Job is a job as the operator admitted it (`xdpagg job add`).
+type Job struct {
+	JobID     uint32         `json:"job"`
+	PS        netip.AddrPort `json:"ps"`         // the PS's IPv4 address and UDP port: the only RESULT source
+	PSIfindex uint32         `json:"ps_ifindex"` // switch port the PS is behind
+	Workers   uint8          `json:"workers"`    // admitted workers: every sum has exactly this fan-in
+	MaxSlots  uint32         `json:"max_slots"`  // slot quota
+	Held      int32          `json:"held"`       // slots held now (read from the datapath; ignored by AddJob)
+	Joined    uint32         `json:"joined"`     // bitmap of worker ids bound now (ListJobs/GetJob)
+}
+
+func (j Job) encode() (bpf.XdpaggJob, error) {
+	var v bpf.XdpaggJob
+	switch {
+	case j.JobID == 0:
+		return v, fmt.Errorf("%w: job id 0 is reserved", ErrBadJob)
+	case !j.PS.Addr().Is4() || j.PS.Port() == 0:
+		return v, fmt.Errorf("%w: PS %v: need an IPv4 address and a port", ErrBadJob, j.PS)
+	case j.PSIfindex == 0:
+		return v, fmt.Errorf("%w: no switch port for the PS", ErrBadJob)
+	case j.Workers == 0 || int(j.Workers) > bpf.MaxWorkers:
+		return v, fmt.Errorf("%w: %d workers: use 1..%d", ErrBadJob, j.Workers, bpf.MaxWorkers)
+	case j.MaxSlots == 0:
+		return v, fmt.Errorf("%w: slot quota 0", ErrBadJob)
+	}
+	v.PsIp = ipToNetwork(j.PS.Addr())
+	v.PsPort = swap16(j.PS.Port())
+	v.PsIfindex = j.PSIfindex
+	v.FanIn = j.Workers
+	v.MaxSlots = j.MaxSlots
+	return v, nil
+}
+
+func decodeJob(id uint32, v bpf.XdpaggJob) Job {
+	return Job{JobID: id, PS: netip.AddrPortFrom(ipFromNetwork(v.PsIp), swap16(v.PsPort)), PSIfindex: v.PsIfindex,
+		Workers: v.FanIn, MaxSlots: v.MaxSlots, Held: v.Held}
+}
+
+// swap16 converts a port between host order and network order kept in a host-order field.
+func swap16(p uint16) uint16 { return p>>8 | p<<8 }
+
+// AddJob admits a job with its control key (KeySize bytes). It fails with ErrJobExists if the id
+// is taken: a job's PS and fan-in never change while it exists (remove and add it again).
+func (m *Maps) AddJob(j Job, key []byte) error {
+	v, err := j.encode()
+	if err != nil {
+		return err
+	}
+	if len(key) != KeySize {
+		return fmt.Errorf("%w: key of %d bytes, want %d", ErrBadJob, len(key), KeySize)
+	}
+	var k bpf.XdpaggJobKey
+	copy(k.Key[:], key)
+	// The key first: a job whose entry exists always has its key.
+	if err := m.JobKeys.Update(&j.JobID, &k, ebpf.UpdateNoExist); err != nil {
+		if errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("%w: job %d", ErrJobExists, j.JobID)
+		}
+		return fmt.Errorf("write key of job %d: %w", j.JobID, err)
+	}
+	if err := m.Jobs.Update(&j.JobID, &v, ebpf.UpdateNoExist); err != nil {
+		_ = m.JobKeys.Delete(&j.JobID)
+		if errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("%w: job %d", ErrJobExists, j.JobID)
+		}
+		return fmt.Errorf("admit job %d: %w", j.JobID, err)
+	}
+	return nil
+}
+
+// GetJob returns an admitted job; the error wraps ErrNoJob if there is none.
+func (m *Maps) GetJob(id uint32) (Job, error) {
+	var v bpf.XdpaggJob
+	if err := m.Jobs.Lookup(&id, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return Job{}, fmt.Errorf("%w: job %d", ErrNoJob, id)
+		}
+		return Job{}, fmt.Errorf("read job %d: %w", id, err)
+	}
+	j := decodeJob(id, v)
+	joined, err := m.joined()
+	if err != nil {
+		return j, err
+	}
+	j.Joined = joined[id]
+	return j, nil
+}
+
+// JobKey returns the control key of an admitted job; the error wraps ErrNoJob if there is none.
+func (m *Maps) JobKey(id uint32) ([]byte, error) {
+	var k bpf.XdpaggJobKey
+	if err := m.JobKeys.Lookup(&id, &k); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, fmt.Errorf("%w: job %d", ErrNoJob, id)
+		}
+		return nil, fmt.Errorf("read key of job %d: %w", id, err)
+	}
+	return append([]byte(nil), k.Key[:]...), nil
+}
+
+// joined returns the bitmap of bound worker ids per job.
+func (m *Maps) joined() (map[uint32]uint32, error) {
+	var (
+		k   bpf.XdpaggWorkerKey
+		v   bpf.XdpaggWorker
+		out = map[uint32]uint32{}
+	)
+	it := m.Workers.Iterate()
+	for it.Next(&k, &v) {
+		if k.WorkerId < uint32(bpf.MaxWorkers) {
+			out[k.JobId] |= 1 << k.WorkerId
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate workers: %w", err)
+	}
+	return out, nil
+}
+
+// ListJobs returns every admitted job, ordered by id.
+func (m *Maps) ListJobs() ([]Job, error) {
+	var (
+		k   uint32
+		v   bpf.XdpaggJob
+		out []Job
+	)
+	it := m.Jobs.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, decodeJob(k, v))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate jobs: %w", err)
+	}
+	joined, err := m.joined()
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i].Joined = joined[out[i].JobID]
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].JobID < out[j].JobID })
+	return out, nil
+}
+
+// RemoveJob ends a job: its entry and key go first (from then on the datapath drops its DATA and
+// RESULTs and the agent its control messages), then its members and contributors, then every slot
+// it holds is freed. It returns how many slots were freed; the error wraps ErrNoJob if the job
+// was not admitted.
+func (m *Maps) RemoveJob(id uint32) (int, error) {
+	if err := m.Jobs.Delete(&id); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, fmt.Errorf("%w: job %d", ErrNoJob, id)
+		}
+		return 0, fmt.Errorf("remove job %d: %w", id, err)
+	}
+	var errs []error
+	if err := m.JobKeys.Delete(&id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = append(errs, fmt.Errorf("remove key of job %d: %w", id, err))
+	}
+	members, err := m.ListMembers()
+	errs = append(errs, err)
+	for _, mb := range members {
+		if mb.JobID == id {
+			errs = append(errs, m.DeleteMember(id, mb.Ifindex))
+		}
+	}
+	var (
+		wk   bpf.XdpaggWorkerKey
+		wv   bpf.XdpaggWorker
+		left []bpf.XdpaggWorkerKey
+	)
+	it := m.Workers.Iterate()
+	for it.Next(&wk, &wv) {
+		if wk.JobId == id {
+			left = append(left, wk)
+		}
+	}
+	errs = append(errs, it.Err())
+	for _, k := range left {
+		if err := m.Workers.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	freed, err := m.collect(id)
+	errs = append(errs, err)
+	return freed, errors.Join(errs...)
+}
+
+// Member says where one worker of a job is reached from the switch.
+type Member struct {
+	JobID    uint32           `json:"job"`
+	WorkerID uint8            `json:"worker"`
+	Ifindex  uint32           `json:"ifindex"`  // switch port the worker is behind
+	Addr     netip.AddrPort   `json:"addr"`     // worker's IPv4 address and UDP port
+	MAC      net.HardwareAddr `json:"mac"`      // worker's MAC (next hop from that port)
+	PortMAC  net.HardwareAddr `json:"port_mac"` // the switch port's MAC
+	// SrcIP is the source address results carry: always the job's PS. PutMember fills it from
+	// the admitted job; any other value is refused.
+	SrcIP netip.Addr `json:"src_ip"`
+}
+
+// MarshalJSON writes MACs as "02:00:..." strings rather than base64 bytes.
+func (mb Member) MarshalJSON() ([]byte, error) {
+	type plain Member // no methods: no recursion
+	return json.Marshal(struct {
+		plain
+		MAC     string `json:"mac"`
+		PortMAC string `json:"port_mac"`
+	}{plain(mb), mb.MAC.String(), mb.PortMAC.String()})
+}
+
+func (mb Member) encode() (bpf.XdpaggMemberKey, bpf.XdpaggMember, error) {
+	k := bpf.XdpaggMemberKey{JobId: mb.JobID, Ifindex: mb.Ifindex}
+	var v bpf.XdpaggMember
+	if mb.JobID == 0 {
+		return k, v, fmt.Errorf("%w: job id 0 is reserved", ErrBadMember)
+	}
+	if !mb.Addr.Addr().Is4() || !mb.SrcIP.Is4() {
+		return k, v, fmt.Errorf("%w: worker %v and source %v must be IPv4", ErrBadMember, mb.Addr, mb.SrcIP)
+	}
+	if len(mb.MAC) != 6 || len(mb.PortMAC) != 6 {
+		return k, v, fmt.Errorf("%w: MACs %v / %v must be 6 bytes", ErrBadMember, mb.MAC, mb.PortMAC)
+	}
+	if int(mb.WorkerID) >= bpf.MaxWorkers {
+		return k, v, fmt.Errorf("%w: worker id %d: use 0..%d", ErrBadMember, mb.WorkerID, bpf.MaxWorkers-1)
+	}
+	copy(v.DstMac[:], mb.MAC)
+	copy(v.SrcMac[:], mb.PortMAC)
+	v.DstIp = ipToNetwork(mb.Addr.Addr())
+	v.SrcIp = ipToNetwork(mb.SrcIP)
+	v.DstPort = swap16(mb.Addr.Port()) // network byte order in a host-order (little-endian) field
+	v.WorkerId = mb.WorkerID
+	return k, v, nil
+}
+
+// ipToNetwork returns the uint32 whose in-memory (little-endian) bytes are the address in network order.
+func ipToNetwork(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+
+func ipFromNetwork(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
+}
+
+// PutMember adds or replaces a member of an admitted job behind a port: where the job's results
+// go out of that port (members) and who may contribute (workers: the worker id, address, UDP
+// port and port ifindex that the switch's ingress checks). Results carry the job's PS address
+// (mb.SrcIP zero is filled in; another address is refused). The error wraps ErrNoJob for a job
+// that was not admitted, and ErrBadMember for a worker id beyond the job's fan-in.
+func (m *Maps) PutMember(mb Member) error {
+	var jv bpf.XdpaggJob
+	if err := m.Jobs.Lookup(&mb.JobID, &jv); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("%w: job %d", ErrNoJob, mb.JobID)
+		}
+		return fmt.Errorf("read job %d: %w", mb.JobID, err)
+	}
+	ps := ipFromNetwork(jv.PsIp)
+	if !mb.SrcIP.IsValid() || mb.SrcIP.IsUnspecified() {
+		mb.SrcIP = ps
+	}
+	if mb.SrcIP != ps {
+		return fmt.Errorf("%w: results of job %d come from its PS %v, not %v", ErrBadMember, mb.JobID, ps, mb.SrcIP)
+	}
+	if mb.WorkerID >= jv.FanIn {
+		return fmt.Errorf("%w: worker id %d: job %d has workers 0..%d", ErrBadMember, mb.WorkerID, mb.JobID, jv.FanIn-1)
+	}
+	k, v, err := mb.encode()
+	if err != nil {
+		return err
+	}
+	// A member replaced behind this port (another worker id) loses its right to contribute.
+	var old bpf.XdpaggMember
+	if err := m.Members.Lookup(&k, &old); err == nil && old.WorkerId != mb.WorkerID {
+		if err := m.DeleteMember(mb.JobID, mb.Ifindex); err != nil {
+			return err
+		}
+	}
+	// The worker id bound elsewhere before (another port) stops receiving there.
+	if prev, err := m.Worker(mb.JobID, mb.WorkerID); err == nil && prev.Ifindex != mb.Ifindex {
+		if err := m.DeleteMember(mb.JobID, prev.Ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	if err := m.PutWorker(mb.JobID, mb.WorkerID, mb.Addr, mb.Ifindex); err != nil {
+		return err
+	}
+	if err := m.Members.Put(&k, &v); err != nil {
+		return fmt.Errorf("write member job %d ifindex %d: %w", mb.JobID, mb.Ifindex, err)
+	}
+	return nil
+}
+
+// Contributor is a worker id's binding for the ingress membership check.
+type Contributor struct {
+	Addr    netip.AddrPort // source IPv4 address and UDP port
+	Ifindex uint32         // switch port
+}
+
+// Worker returns the binding of worker id of job; the error wraps ebpf.ErrKeyNotExist if none.
+func (m *Maps) Worker(job uint32, id uint8) (Contributor, error) {
+	k := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(id)}
+	var v bpf.XdpaggWorker
+	if err := m.Workers.Lookup(&k, &v); err != nil {
+		return Contributor{}, fmt.Errorf("read worker %d of job %d: %w", id, job, err)
+	}
+	return Contributor{Addr: netip.AddrPortFrom(ipFromNetwork(v.Ip), swap16(v.Port)), Ifindex: v.Ifindex}, nil
+}
+
+// PutWorker lets worker id of job contribute from addr through switch port ifindex (the
+// ingress half of PutMember, for senders that take no results there, and for tests).
+func (m *Maps) PutWorker(job uint32, id uint8, addr netip.AddrPort, ifindex uint32) error {
+	if job == 0 || int(id) >= bpf.MaxWorkers || !addr.Addr().Is4() {
+		return fmt.Errorf("%w: job %d worker %d at %v: need job > 0, worker 0..%d, IPv4", ErrBadMember, job, id, addr, bpf.MaxWorkers-1)
+	}
+	k := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(id)}
+	v := bpf.XdpaggWorker{Ip: ipToNetwork(addr.Addr()), Ifindex: ifindex, Port: swap16(addr.Port())}
+	if err := m.Workers.Put(&k, &v); err != nil {
+		return fmt.Errorf("write worker %d of job %d: %w", id, job, err)
+	}
+	return nil
+}
+
+// DeleteMember removes the member of job behind ifindex and its right to contribute. The error
+// wraps ebpf.ErrKeyNotExist if there is none.
+func (m *Maps) DeleteMember(job, ifindex uint32) error {
+	k := bpf.XdpaggMemberKey{JobId: job, Ifindex: ifindex}
+	var v bpf.XdpaggMember
+	if err := m.Members.Lookup(&k, &v); err != nil {
+		return fmt.Errorf("delete member job %d ifindex %d: %w", job, ifindex, err)
+	}
+	wk := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(v.WorkerId)}
+	var wv bpf.XdpaggWorker
+	// Only the binding behind this port: the id may have moved to another port since.
+	if err := m.Workers.Lookup(&wk, &wv); err == nil && wv.Ifindex == ifindex {
+		if err := m.Workers.Delete(&wk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete worker %d of job %d: %w", v.WorkerId, job, err)
+		}
+	}
+	if err := m.Members.Delete(&k); err != nil {
+		return fmt.Errorf("delete member job %d ifindex %d: %w", job, ifindex, err)
+	}
+	return nil
+}
+
+// ReclaimIdle frees every slot (half-filled or completed) idle for longer than the switch's slot
+// timeout, and returns how many it freed. The switch does the same lazily, when a packet reaches
+// such a slot; the agent does it eagerly so that an idle pool ends up empty (ATP's aggregator
+// garbage collection). Freeing any slot is safe for the sums: contributors without a result
+// resend their data, and resends find no slot and go to the PS. The work is done by the
+// xdpagg_gc program: one compare-and-free per slot under its spin lock, on the datapath's clock.
+func (m *Maps) ReclaimIdle() (int, error) { return m.collect(0) }
+
+// collect runs xdpagg_gc over the whole pool: idle slots for job 0, else job's slots.
+func (m *Maps) collect(job uint32) (int, error) {
+	if m.GC == nil {
+		return 0, fmt.Errorf("no garbage collector program")
+	}
+	pool := m.PoolSize()
+	batch := uint32(bpf.XdpaggLimitLIMIT_GC_BATCH)
+	freed := 0
+	buf := make([]byte, 16)
+	for first := uint32(0); first < pool; first += batch {
+		args := bpf.XdpaggGcArgs{First: first, Count: min(batch, pool-first), JobId: job}
+		in, err := binary.Append(buf[:0], binary.LittleEndian, &args)
+		if err != nil {
+			return freed, fmt.Errorf("encode garbage collector arguments: %w", err)
+		}
+		out := make([]byte, len(in))
+		ret, err := m.GC.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+		if err != nil {
+			return freed, fmt.Errorf("run garbage collector: %w", err)
+		}
+		if ret != 2 { // XDP_PASS
+			return freed, fmt.Errorf("garbage collector returned %d", ret)
+		}
+		var res bpf.XdpaggGcArgs
+		if _, err := binary.Decode(out, binary.LittleEndian, &res); err != nil {
+			return freed, fmt.Errorf("decode garbage collector answer: %w", err)
+		}
+		freed += int(res.Freed)
+	}
+	return freed, nil
+}
