@@ -224,7 +224,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	metricsAddr := ""
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(NewCollector(sw.Maps))
+		reg.MustRegister(NewCollector(sw.Maps).WithControl(ctrl))
 		ln, err := net.Listen("tcp", cfg.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("%w: metrics address %q: %w", ErrConfig, cfg.MetricsAddr, err)

@@ -1,12 +1,15 @@
 package agent
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 )
@@ -73,3 +76,86 @@ func loadSwitch(t *testing.T, pool uint32) *loader.Switch {
 }
 
 func skipIfUnsupported(t *testing.T, what string, err error) { t.Helper(); bpftest.Check(t, what, err) }
+
+// collectGarbage frees idle slots every tick (the in-BPF collector, on the datapath's clock) and
+// forgets removed jobs' control state; it logs a failing collector once per failure streak, and
+// stops with its context.
+func TestCollectGarbage(t *testing.T) {
+	sw := bpftest.LoadSwitch(t, loader.Config{PoolSize: 8, SlotTimeout: 20 * time.Millisecond})
+	m := sw.Maps
+	ctrl := newControl(t, m)
+	key := admitJob(t, m, testJob, psAddr, 2)
+	w := newWorker(t)
+	accept(t, ctrl, join(t, key, 1, 0), testPort, w.addr)
+	w.readAck(t, key)
+	// A slot stamped at boot: idle in any clock.
+	s := bpf.XdpaggSlot{JobId: testJob, Seq: 1, State: uint8(bpf.XdpaggSlotStateSLOT_COMPLETE), FanIn: 2, Nvals: 1, TsNs: 1}
+	if err := m.Slots.Put(uint32(3), &s); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		collectGarbage(ctx, m, ctrl, 5*time.Millisecond, slog.New(slog.DiscardHandler))
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		used, err := m.SlotsInUse()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(used) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idle slot not collected: %+v", used)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The job is still admitted: its control state stays. Removed, it goes at a later tick.
+	ctrl.mu.Lock()
+	n := len(ctrl.lastSeen)
+	ctrl.mu.Unlock()
+	if n != 1 {
+		t.Errorf("lastSeen has %d entries while the job is admitted, want 1", n)
+	}
+	if _, err := m.RemoveJob(testJob); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ctrl.mu.Lock()
+		n := len(ctrl.lastSeen) + len(ctrl.keys)
+		ctrl.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a removed job's control state was not forgotten")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(failsafeFor):
+		t.Fatal("collectGarbage did not return after its context ended")
+	}
+
+	// Without a collector program: one error line per failure streak, not one per tick.
+	broken := *m
+	broken.GC = nil
+	var logs syncBuffer
+	ctx, cancel = context.WithCancel(context.Background())
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		collectGarbage(ctx, &broken, ctrl, time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	<-done
+	if n := strings.Count(logs.String(), "slot garbage collection"); n != 1 {
+		t.Errorf("%d error lines for one failure streak, want 1:\n%s", n, logs.String())
+	}
+}

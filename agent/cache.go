@@ -10,9 +10,10 @@ import (
 )
 
 // ResultCache is the switch CPU's copy of completed in-switch sums (Libra §3.6): the XDP program
-// copies every result it broadcasts into the `results` ring buffer, the agent keeps it here until
-// every worker of the job has acknowledged it (or it ages out), and a worker that lost a result
-// asks for it with MSG_RETRANSMIT instead of making the switch (and its partners) redo work.
+// copies every sum it completes (not the PS's results, which it only broadcasts) into the
+// `results` ring buffer, the agent keeps it here until every worker of the job has acknowledged
+// it (or it ages out), and a worker that lost a result asks for it with MSG_RETRANSMIT instead of
+// making the switch (and its partners) redo work.
 //
 // The shadow copy in the slot answers most losses too; the cache still answers after the slot
 // was taken by another fragment or job, and it answers without touching the data path.
@@ -199,11 +200,28 @@ func (c *ResultCache) Sweep(now time.Time) {
 	}
 }
 
-// ForgetJob drops a job's acknowledgement state (its workers left).
-func (c *ResultCache) ForgetJob(job uint32) {
+// ForgetJob drops a job's cached results and acknowledgement state: the job was removed (or
+// removed and admitted again, whose results and sequence numbers start afresh).
+func (c *ResultCache) ForgetJob(job uint32) { c.ForgetJobs(func(j uint32) bool { return j == job }) }
+
+// ForgetJobs is ForgetJob for every job drop returns true for. Dropped results count as evicted
+// unacknowledged (EvictedAge).
+func (c *ResultCache) ForgetJobs(drop func(job uint32) bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.jobs, job)
+	for id, ja := range c.jobs {
+		if !drop(id) {
+			continue
+		}
+		// Every stored key is in its job's queue (those gone already are skipped).
+		for _, k := range ja.order.keys[ja.order.head:] {
+			if e, ok := c.entries[k]; ok {
+				c.remove(k, e)
+				c.st.EvictedAge++
+			}
+		}
+		delete(c.jobs, id)
+	}
 }
 
 // Stats returns the cache's counters.

@@ -96,24 +96,23 @@ func TestResultCacheRejectsBadRecords(t *testing.T) {
 }
 
 // RETRANSMIT from a member: the cached result comes back with F_CACHED; a miss is answered with
-// an ACK; an ACK feeds the cache and is not answered.
+// an authenticated ACK; an ACK feeds the cache and is not answered. Nobody but the worker id's
+// binding gets a result out of the cache or moves its acknowledgements.
 func TestHandleRetransmit(t *testing.T) {
-	sw := loadSwitch(t, 4)
-	c := newControl(t, sw.Maps)
+	ct := newCtlTest(t)
+	c := ct.c
 	cache := NewResultCache(time.Minute, 100)
 	c.SetCache(cache)
 	w := newWorker(t)
-	if err := c.handle(msg(t, hdr(msgJoin, 5, 1, 1), joinBody(workerMAC, resultIP)), testPort, w.addr); err != nil {
+	other := newWorkerAt(t, "127.0.0.2")
+	accept(t, c, join(t, ct.key, 1, 1), testPort, w.addr)
+	w.readAck(t, ct.key)
+	accept(t, c, join(t, ct.key, 1, 0), testPort2, other.addr)
+	other.readAck(t, ct.key)
+	if err := cache.Store(resultRecord(t, testJob, 42, 0b11, 7, -8), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	w.readAck(t)
-	if err := cache.Store(resultRecord(t, 5, 42, 0b11, 7, -8), time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	rt := hdr(uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT), 5, 42, 1)
-	if err := c.handle(msg(t, rt, nil), testPort, w.addr); err != nil {
-		t.Fatal(err)
-	}
+	accept(t, c, rtx(t, ct.key, 42, 1), testPort, w.addr)
 	buf := make([]byte, 256)
 	_ = w.conn.SetReadDeadline(time.Now().Add(failsafeFor))
 	n, _, err := w.conn.ReadFromUDPAddrPort(buf)
@@ -126,25 +125,70 @@ func TestHandleRetransmit(t *testing.T) {
 		int32(binary.LittleEndian.Uint32(buf[bpf.HdrSize+4:])) != -8 {
 		t.Errorf("cached result %+v %x", h, buf[bpf.HdrSize:n])
 	}
-	// Miss: ACK with the same seq.
-	rt.Seq = 43
-	if err := c.handle(msg(t, rt, nil), testPort, w.addr); err != nil {
-		t.Fatal(err)
+	// The cache keeps its copy unflagged.
+	if pkt, ok := cache.Get(testJob, 42); !ok || binary.LittleEndian.Uint16(pkt[4:6])&uint16(bpf.XdpaggFlagF_CACHED) != 0 {
+		t.Errorf("cached copy after a hit: %x, %v", pkt, ok)
 	}
-	if a, _ := w.readAck(t); a.Type != msgAck || a.Seq != 43 || a.JobId != 5 {
+	// Miss: ACK with the same seq.
+	accept(t, c, rtx(t, ct.key, 43, 1), testPort, w.addr)
+	if a, _ := w.readAck(t, ct.key); a.Type != msgAck || a.Seq != 43 || a.JobId != testJob || a.WorkerId != 1 {
 		t.Errorf("miss answered with %+v", a)
 	}
-	// A RETRANSMIT claiming another worker id is refused.
-	spoof := hdr(uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT), 5, 42, 0)
-	if err := c.handle(msg(t, spoof, nil), testPort, w.addr); !errors.Is(err, errBadControl) {
-		t.Errorf("spoofed RETRANSMIT: %v", err)
-	}
+	// A RETRANSMIT claiming another worker id (bound elsewhere) is refused, and so is one from
+	// another host for this one.
+	wantRefused(t, c.handle(rtx(t, ct.key, 42, 0), testPort, w.addr), RejectNotMember, "RETRANSMIT")
+	wantRefused(t, c.handle(rtx(t, ct.key, 42, 1), testPort2, other.addr), RejectNotMember, "RETRANSMIT")
+	// ACKs from outside the binding do not move the cache's watermarks.
+	wantRefused(t, c.handle(ack(t, ct.key, 100, 1), testPort2, other.addr), RejectNotMember, "ACK")
 	// ACK: no answer, fed to the cache.
-	if err := c.handle(msg(t, hdr(msgAck, 5, 100, 1), nil), testPort, w.addr); err != nil {
-		t.Fatal(err)
-	}
+	accept(t, c, ack(t, ct.key, 100, 1), testPort, w.addr)
+	accept(t, c, ack(t, ct.key, 100, 0), testPort2, other.addr)
 	w.noDatagram(t)
-	if st := cache.Stats(); st.Hits != 1 || st.Misses != 1 || st.Acks != 1 {
+	other.noDatagram(t)
+	if _, ok := cache.Get(testJob, 42); ok {
+		t.Error("a result both workers acknowledged is still cached")
+	}
+	if st := cache.Stats(); st.Hits != 2 || st.Misses != 2 || st.Acks != 2 {
 		t.Errorf("cache stats %+v", st)
 	}
+}
+
+func TestResultCacheForgetJob(t *testing.T) {
+	c := NewResultCache(time.Minute, 100)
+	now := time.Unix(1000, 0)
+	for _, job := range []uint32{1, 2} {
+		for seq := uint32(10); seq < 13; seq++ {
+			if err := c.Store(resultRecord(t, job, seq, 0b1, int32(seq)), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c.Ack(1, 0, 11) // job 1: seq 10 evicted, worker 0 has everything before 11
+	c.Sweep(now)
+	c.ForgetJob(1)
+	for seq := uint32(10); seq < 13; seq++ {
+		if _, ok := c.Get(1, seq); ok {
+			t.Errorf("forgotten job 1's seq %d still cached", seq)
+		}
+		if _, ok := c.Get(2, seq); !ok {
+			t.Errorf("job 2's seq %d was dropped", seq)
+		}
+	}
+	st := c.Stats()
+	if st.Entries != 3 || st.Bytes != 3*uint64(bpf.HdrSize+4) || st.EvictedAcked != 1 || st.EvictedAge != 2 {
+		t.Errorf("stats after ForgetJob(1): %+v", st)
+	}
+	// Job 1's acknowledgements went too: its seq 10 is cached again.
+	if err := c.Store(resultRecord(t, 1, 10, 0b1, 10), now); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.Get(1, 10); !ok {
+		t.Error("a result of the forgotten job below its old acknowledgements was not cached")
+	}
+	c.ForgetJobs(func(uint32) bool { return true })
+	if st := c.Stats(); st.Entries != 0 || st.Bytes != 0 {
+		t.Errorf("after forgetting every job: %+v", st)
+	}
+	c.Sweep(now.Add(time.Hour)) // the queues' stale keys are skipped
+	c.ForgetJob(3)              // unknown: nothing
 }

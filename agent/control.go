@@ -83,6 +83,9 @@ type ControlServer struct {
 
 	mu       sync.Mutex
 	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
+	keys     map[uint32]string       // job -> the key its last authentic message opened under (admission)
+
+	replySrc net.IP   // destination of the message being handled (Serve's goroutine only); nil: kernel's choice
 
 	rejected sync.Map // reason -> *atomic.Uint64
 	warn     warnLimiter
@@ -107,13 +110,18 @@ func ListenControl(port uint16, m *maps.Maps, ports map[int]net.HardwareAddr, lo
 	if err != nil {
 		return nil, fmt.Errorf("listen for control messages on port %d: %w", port, err)
 	}
-	pc := ipv4.NewPacketConn(raw)
-	if err := pc.SetControlMessage(ipv4.FlagInterface|ipv4.FlagDst, true); err != nil {
+	c := newControlServer(raw, m, ports, log)
+	if err := c.conn.SetControlMessage(ipv4.FlagInterface|ipv4.FlagDst, true); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("enable IP_PKTINFO: %w", err)
 	}
-	return &ControlServer{conn: pc, raw: raw, maps: m, log: log, ports: ports,
-		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}}, nil
+	return c, nil
+}
+
+// newControlServer makes a server answering from raw (tests give it a plain loopback socket).
+func newControlServer(raw net.PacketConn, m *maps.Maps, ports map[int]net.HardwareAddr, log *slog.Logger) *ControlServer {
+	return &ControlServer{conn: ipv4.NewPacketConn(raw), raw: raw, maps: m, log: log, ports: ports,
+		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, keys: map[uint32]string{}}
 }
 
 // Close stops the server.
@@ -140,6 +148,9 @@ func (c *ControlServer) Serve(ctx context.Context) error {
 		}
 		from := ua.AddrPort()
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		// Answers leave from the address the message was sent to, which is the one workers
+		// accept answers from (whatever address the kernel would pick for the route back).
+		c.replySrc = cm.Dst
 		if err := c.handle(buf[:n], cm.IfIndex, from); err != nil {
 			c.reject(err, cm.IfIndex, from)
 		}
@@ -295,12 +306,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	if err != nil {
 		return refuse(RejectUnauth, "%s for job %d: %w", msgName(h.Type), h.JobId, err)
 	}
+	// Authentic from here: the sender holds the job's key.
+	c.admission(h.JobId, key)
 	ref := workerRef{h.JobId, h.WorkerId}
-	// Authentic from here: the sender holds the job's key. The stamp is checked before anything
-	// changes, so a recorded message cannot be played again.
-	if err := c.replay.Check(ref, stamp); err != nil {
-		return refuse(RejectReplay, "%s of job %d worker %d: %w", msgName(h.Type), h.JobId, h.WorkerId, err)
-	}
 	job, err := c.maps.GetJob(h.JobId)
 	if err != nil {
 		return err
@@ -315,9 +323,12 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	}
 	now := time.Now()
 
+	// Whether the message may act, decided before its stamp is: a refused message uses up no
+	// stamp, so a key holder who is not the binding cannot lock the binding out by sending a
+	// stamp near the end of the freshness window under its worker id.
+	var jb bpf.XdpaggJoinBody
 	switch typ {
 	case bpf.XdpaggMsgTypeMSG_JOIN:
-		var jb bpf.XdpaggJoinBody
 		if _, err := binary.Decode(msg[bpf.HdrSize:], binary.LittleEndian, &jb); err != nil {
 			return refuse(RejectMalformed, "join body: %w", err)
 		}
@@ -327,7 +338,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if rip := netip.AddrFrom4(le32bytes(jb.ResultIp)); jb.ResultIp != 0 && rip != job.PS.Addr() {
 			return refuse(RejectBadWorker, "JOIN of job %d names %v as the result source; the job's PS is %v", h.JobId, rip, job.PS.Addr())
 		}
-		if err := c.join(h, jb, job, ifindex, from, portMAC, bound, binding, now); err != nil {
+		if err := c.mayJoin(h, ifindex, from, bound, binding, now); err != nil {
 			return err
 		}
 	case bpf.XdpaggMsgTypeMSG_LEAVE:
@@ -336,6 +347,30 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if bound && !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
 		}
+	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
+		// Only the worker id's binding may ask for (or acknowledge) its job's results.
+		if !bound || !isBinding(binding, ifindex, from) {
+			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
+		}
+	}
+	// The stamp is checked (and used up) before anything changes, so a recorded message cannot
+	// be played again.
+	if err := c.replay.Check(ref, stamp); err != nil {
+		return refuse(RejectReplay, "%s of job %d worker %d: %w", msgName(h.Type), h.JobId, h.WorkerId, err)
+	}
+
+	switch typ {
+	case bpf.XdpaggMsgTypeMSG_JOIN:
+		m := maps.Member{JobID: h.JobId, WorkerID: h.WorkerId, Ifindex: uint32(ifindex), Addr: from,
+			MAC: net.HardwareAddr(jb.Mac[:]), PortMAC: portMAC, SrcIP: job.PS.Addr()}
+		if err := c.maps.PutMember(m); err != nil {
+			return err
+		}
+		c.touch(ref, now)
+		if !bound || !isBinding(binding, ifindex, from) {
+			c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
+		}
+	case bpf.XdpaggMsgTypeMSG_LEAVE:
 		if bound {
 			if err := c.maps.DeleteMember(h.JobId, uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
@@ -346,10 +381,6 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			c.log.Info("worker left", "job", h.JobId, "worker", h.WorkerId, "addr", from)
 		}
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
-		// Only the worker id's binding may ask for (or acknowledge) its job's results.
-		if !bound || !isBinding(binding, ifindex, from) {
-			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
-		}
 		c.touch(ref, now)
 		if typ == bpf.XdpaggMsgTypeMSG_ACK {
 			if c.cache != nil {
@@ -362,24 +393,24 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 				out := append([]byte(nil), pkt...)
 				fl := binary.LittleEndian.Uint16(out[4:6]) | uint16(bpf.XdpaggFlagF_CACHED)
 				binary.LittleEndian.PutUint16(out[4:6], fl)
-				if _, err := c.raw.WriteTo(out, net.UDPAddrFromAddrPort(from)); err != nil {
+				if err := c.send(out, from); err != nil {
 					return fmt.Errorf("send cached result: %w", err)
 				}
 				return nil
 			}
 		}
-		// A miss is answered with ACK (same job and seq), so the worker resends its data at once
-		// instead of waiting for a timeout.
+		// A miss is answered with ACK (same job and seq): the worker learns the result is not
+		// cached, and its data timer decides when it resends.
 	}
 	return c.ack(h, key, from)
 }
 
-// join binds worker h.WorkerId of job to the sender, or refuses: a worker id held by another
-// live binding is not taken over; the same host (address and switch port) may rebind at once
-// (a restarted worker on a new UDP port), anyone holding the key after the binding has been
-// silent for MemberTTL.
-func (c *ControlServer) join(h bpf.XdpaggHdr, jb bpf.XdpaggJoinBody, job maps.Job, ifindex int, from netip.AddrPort,
-	portMAC net.HardwareAddr, bound bool, binding maps.Contributor, now time.Time) error {
+// mayJoin decides whether worker h.WorkerId of job may be bound to the sender, changing nothing:
+// a worker id held by another live binding is not taken over; the same host (address and switch
+// port) may rebind at once (a restarted worker on a new UDP port), anyone holding the key after
+// the binding has been silent for MemberTTL. One member per job per port, and at most
+// MaxMembersPerPort members behind a port.
+func (c *ControlServer) mayJoin(h bpf.XdpaggHdr, ifindex int, from netip.AddrPort, bound bool, binding maps.Contributor, now time.Time) error {
 	ref := workerRef{h.JobId, h.WorkerId}
 	if bound && !isBinding(binding, ifindex, from) {
 		sameHost := binding.Addr.Addr() == from.Addr() && binding.Ifindex == uint32(ifindex)
@@ -390,7 +421,7 @@ func (c *ControlServer) join(h bpf.XdpaggHdr, jb bpf.XdpaggJoinBody, job maps.Jo
 		}
 	}
 	// Another worker of the job behind this port: one member per job per port; it is replaced
-	// only if it is the same binding's port or it has gone silent.
+	// only if it has gone silent.
 	existing, err := c.maps.Member(h.JobId, uint32(ifindex))
 	if err == nil && existing.WorkerID != h.WorkerId {
 		other := workerRef{h.JobId, existing.WorkerID}
@@ -416,15 +447,6 @@ func (c *ControlServer) join(h bpf.XdpaggHdr, jb bpf.XdpaggJoinBody, job maps.Jo
 			return refuse(RejectPortFull, "JOIN of job %d worker %d on ifindex %d: the port has %d members (at most %d)", h.JobId, h.WorkerId, ifindex, n, c.cfg.MaxMembersPerPort)
 		}
 	}
-	m := maps.Member{JobID: h.JobId, WorkerID: h.WorkerId, Ifindex: uint32(ifindex), Addr: from,
-		MAC: net.HardwareAddr(jb.Mac[:]), PortMAC: portMAC, SrcIP: job.PS.Addr()}
-	if err := c.maps.PutMember(m); err != nil {
-		return err
-	}
-	c.touch(ref, now)
-	if !bound || !isBinding(binding, ifindex, from) {
-		c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
-	}
 	return nil
 }
 
@@ -438,27 +460,72 @@ func (c *ControlServer) ack(h bpf.XdpaggHdr, key []byte, to netip.AddrPort) erro
 	if out, err = ctlauth.Seal(key, out, c.stamper.Next()); err != nil {
 		return err
 	}
-	if _, err := c.raw.WriteTo(out, net.UDPAddrFromAddrPort(to)); err != nil {
+	if err := c.send(out, to); err != nil {
 		return fmt.Errorf("send ack: %w", err)
 	}
 	return nil
+}
+
+// send writes an answer to `to`, from the address the message being handled was sent to.
+func (c *ControlServer) send(b []byte, to netip.AddrPort) error {
+	dst := net.UDPAddrFromAddrPort(to)
+	if c.replySrc != nil && !c.replySrc.IsUnspecified() {
+		_, err := c.conn.WriteTo(b, &ipv4.ControlMessage{Src: c.replySrc}, dst)
+		return err
+	}
+	_, err := c.raw.WriteTo(b, dst)
+	return err
 }
 
 // le32bytes returns the in-memory bytes of a host-order (little-endian) u32 field that holds an
 // address in network order.
 func le32bytes(v uint32) [4]byte { return [4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
 
-// forgetRemoved drops what the server remembers of jobs that are no longer admitted, so its
-// memory follows the jobs table.
+// forgetRemoved drops what the server remembers of jobs that are no longer admitted (their
+// workers' stamps and liveness, their cached results and acknowledgements), so its memory
+// follows the jobs table.
 func (c *ControlServer) forgetRemoved(admitted map[uint32]bool) {
-	c.replay.Forget(func(r workerRef) bool { return !admitted[r.job] })
+	c.forget(func(job uint32) bool { return !admitted[job] })
+}
+
+func (c *ControlServer) forget(drop func(job uint32) bool) {
+	c.replay.Forget(func(r workerRef) bool { return drop(r.job) })
 	c.mu.Lock()
 	for r := range c.lastSeen {
-		if !admitted[r.job] {
+		if drop(r.job) {
 			delete(c.lastSeen, r)
 		}
 	}
+	for j := range c.keys {
+		if drop(j) {
+			delete(c.keys, j)
+		}
+	}
 	c.mu.Unlock()
+	if c.cache != nil {
+		c.cache.ForgetJobs(drop)
+	}
+}
+
+// admission notes the key an authentic message of job opened under. A job removed and admitted
+// again under the same id (xdpagg job rm, job add) has a new key: what the server remembers of
+// the old admission (stamps, liveness, cached results and acknowledgements, whose sequence
+// numbers the new job reuses) is forgotten at the new one's first authentic message, before it
+// can act on any of it. forgetRemoved only runs every half slot timeout, and misses a removal
+// followed by an admission in between.
+func (c *ControlServer) admission(job uint32, key []byte) {
+	c.mu.Lock()
+	old, seen := c.keys[job]
+	changed := seen && old != string(key)
+	c.keys[job] = string(key)
+	c.mu.Unlock()
+	if changed {
+		c.log.Info("job admitted again: its previous admission's control state is dropped", "job", job)
+		c.forget(func(j uint32) bool { return j == job })
+		c.mu.Lock()
+		c.keys[job] = string(key)
+		c.mu.Unlock()
+	}
 }
 
 // rejectReasons lists the labels in a stable order (metrics).

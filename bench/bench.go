@@ -1,12 +1,16 @@
 // Package bench measures xdpagg against the alternatives a user runs today, side by side in one
-// run: every mode on the same netns topology, interleaved round by round (A B C D A B C D ...) so
-// that the ratios share the machine's drift. Modes:
+// run. Every mode runs in the environment that suits it best (Environments): xdpagg on the XDP
+// testbed, the baselines on a plain kernel-forwarding topology with no XDP program and default
+// offloads. Rounds are interleaved (A B C D, B C D A, ...) so that the ratios share the
+// machine's drift, and each mode builds and tears down its environment within its turn of a
+// round, so no other mode's processes are alive while it is timed. Modes:
 //
 //	xdpagg  workers -> XDP switch -> workers (hostlib.Worker through the switch)
 //	ps      hostlib's parameter server in user space, no switch help (batched syscalls, all cores)
 //	ring    ring allreduce among workers over UDP (hostlib.Ring; INCEPTIONN's aggregator-free exchange)
-//	gloo    torch.distributed.all_reduce with Gloo over TCP through the same switch box
+//	gloo    torch.distributed.all_reduce with Gloo over TCP, routed by the switch namespace's kernel
 //
+// LossCost measures what 0.1% loss costs xdpagg, in paired clean and lossy allreduces.
 // Benchmarks print figures; they assert nothing about timings.
 package bench
 
@@ -27,9 +31,11 @@ import (
 	"time"
 
 	"github.com/xdpagg/xdpagg/bench/gloo"
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/testbed"
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
 )
 
 // Mode names.
@@ -153,16 +159,9 @@ type Report struct {
 	MTU     int       `json:"mtu"`
 	Cells   []Cell    `json:"cells"`
 	Ratios  []Ratio   `json:"ratios"`
-	Notes   []string  `json:"notes,omitempty"`
-}
-
-// mode is one allreduce implementation set up on an environment.
-type mode interface {
-	// run all-reduces inputs (one per worker, in place) and returns the slowest worker's time.
-	run(ctx context.Context, inputs [][]float32) (time.Duration, error)
-	// verify checks the outputs against ref (the float64 sum).
-	verify(out [][]float32, ref []float64) error
-	close() error
+	// Environments says where each measured mode ran (see the package's Environments).
+	Environments map[string]string `json:"environments"`
+	Notes        []string          `json:"notes,omitempty"`
 }
 
 // Run performs the benchmark.
@@ -171,7 +170,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	rep := &Report{Started: time.Now(), Machine: machine(), Rounds: opts.Rounds, MTU: opts.MTU}
+	rep := &Report{Started: time.Now(), Machine: machine(), Rounds: opts.Rounds, MTU: opts.MTU,
+		Environments: map[string]string{}}
+	for _, m := range opts.Modes {
+		rep.Environments[m] = Environments[m]
+	}
 	if slices.Contains(opts.Modes, ModeGloo) {
 		if err := gloo.Available(opts.Python); err != nil {
 			return nil, fmt.Errorf("%w: gloo mode: %w (or leave gloo out with --modes)", ErrConfig, err)
@@ -202,85 +205,102 @@ func progress(o Options, format string, a ...any) {
 	}
 }
 
-// runWorkers builds one environment with W workers, sets every mode up on it and measures all sizes.
+// runWorkers measures every mode and size at W workers in interleaved rounds. In each round
+// every mode in turn builds its own environment (topology and processes), runs every size once
+// after an untimed warm-up, and tears everything down again: no process, socket or thread of one
+// mode is alive while another is timed. The order of the modes rotates from round to round so
+// that no mode always follows the same one.
 func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
-	progress(opts, "W=%d: building topology and modes", w)
-	bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU,
-		Switch: loader.Config{PoolSize: 4096}})
-	if err != nil {
-		return fmt.Errorf("testbed W=%d: %w", w, err)
+	type sized struct {
+		bytes    int
+		pristine [][]float32
+		ref      []float64
+		work     [][]float32
+		cells    map[string]*Cell
+		busy     map[string]float64
+		rounds   int
 	}
-	modes := map[string]mode{}
-	defer func() {
-		for _, m := range modes {
-			m.close()
-		}
-		bed.Close()
-	}()
-	for _, name := range opts.Modes {
-		var m mode
-		var err error
-		switch name {
-		case ModeXdpagg:
-			m = &xdpaggMode{bed: bed}
-		case ModePS:
-			m, err = newPSMode(bed, opts)
-		case ModeRing:
-			m, err = newRingMode(bed)
-		case ModeGloo:
-			m, err = newGlooMode(ctx, bed, opts)
-		}
-		if err != nil {
-			return fmt.Errorf("set up %s W=%d: %w", name, w, err)
-		}
-		modes[name] = m
-	}
-
-	defer func() {
-		// The fast path's kernel features, reported with the figures they shaped.
-		if len(bed.Workers) > 0 {
-			if on, why := bed.Workers[0].GSO(); on {
-				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d: workers send with UDP GSO", w))
-			} else {
-				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d: UDP GSO off: %v", w, why))
-			}
-		}
-	}()
+	var all []*sized
+	maxRounds := 0
 	for _, bytes := range opts.Bytes {
 		n := bytes / 4
-		pristine, ref := makeInputs(w, n, uint64(w)<<32|uint64(n))
-		work := make([][]float32, w)
-		for i := range work {
-			work[i] = make([]float32, n)
+		s := &sized{bytes: bytes, cells: map[string]*Cell{}, busy: map[string]float64{}, rounds: opts.rounds(bytes)}
+		s.pristine, s.ref = makeInputs(w, n, uint64(w)<<32|uint64(n))
+		s.work = make([][]float32, w)
+		for i := range s.work {
+			s.work[i] = make([]float32, n)
 		}
-		cells := map[string]*Cell{}
 		for _, name := range opts.Modes {
-			cells[name] = &Cell{Mode: name, Workers: w, Bytes: bytes}
+			s.cells[name] = &Cell{Mode: name, Workers: w, Bytes: bytes}
 		}
-		busy := map[string]float64{}
-		rounds := opts.rounds(bytes)
-		for r := range rounds {
-			for _, name := range opts.Modes {
-				c := cells[name]
-				if c.Error != "" {
+		maxRounds = max(maxRounds, s.rounds)
+		all = append(all, s)
+	}
+	failed := map[string]string{} // mode -> why its environment could not be set up
+	for r := range maxRounds {
+		for k := range opts.Modes {
+			name := opts.Modes[(r+k)%len(opts.Modes)]
+			if failed[name] != "" {
+				continue
+			}
+			progress(opts, "W=%d round %d/%d: %s: setting up", w, r+1, maxRounds, name)
+			m, err := setUp(ctx, name, opts, w)
+			if err != nil && ctx.Err() == nil {
+				// Once more: a rank's start-up can trip over the machine's load.
+				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d round %d: set up %s failed, retried: %v", w, r+1, name, err))
+				m, err = setUp(ctx, name, opts, w)
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				failed[name] = fmt.Sprintf("set up %s: %v", name, err)
+				continue
+			}
+			if r == 0 {
+				if n := m.note(); n != "" {
+					rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d %s: %s", w, name, n))
+				}
+			}
+			// Garbage of the previous mode is collected now rather than while this one is timed,
+			// and the previous environment's asynchronous teardown is given time to finish.
+			runtime.GC()
+			settle()
+			for _, s := range all {
+				c := s.cells[name]
+				if r >= s.rounds || c.Error != "" {
 					continue
 				}
-				progress(opts, "W=%d size=%s round %d/%d: %s", w, humanBytes(bytes), r+1, rounds, name)
-				for i := range work {
-					copy(work[i], pristine[i])
+				progress(opts, "W=%d round %d/%d: %s %s", w, r+1, maxRounds, name, humanBytes(s.bytes))
+				if m.needsWarmUp() {
+					for i := range s.work {
+						copy(s.work[i], s.pristine[i])
+					}
+					if _, err := m.run(ctx, s.work); err != nil {
+						if ctx.Err() != nil {
+							m.close()
+							return ctx.Err()
+						}
+						c.Error = "warm-up: " + err.Error()
+						continue
+					}
+				}
+				for i := range s.work {
+					copy(s.work[i], s.pristine[i])
 				}
 				cpu0 := busyCPU()
-				took, err := modes[name].run(ctx, work)
-				busy[name] += busyCPU() - cpu0
+				took, err := m.run(ctx, s.work)
+				s.busy[name] += (busyCPU() - cpu0) / float64(m.perRun())
 				if err != nil {
 					if ctx.Err() != nil {
+						m.close()
 						return ctx.Err()
 					}
 					c.Error = err.Error()
 					continue
 				}
 				if r == 0 {
-					if err := modes[name].verify(work, ref); err != nil {
+					if err := m.verify(s.work, s.ref); err != nil {
 						c.Error = "wrong result: " + err.Error()
 						continue
 					}
@@ -288,16 +308,26 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 				}
 				c.Seconds = append(c.Seconds, took.Seconds())
 			}
+			progress(opts, "W=%d round %d/%d: %s: tearing down", w, r+1, maxRounds, name)
+			if err := m.close(); err != nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d %s: teardown: %v", w, name, err))
+			}
 		}
+	}
+	for _, s := range all {
+		n := s.bytes / 4
 		for _, name := range opts.Modes {
-			c := cells[name]
+			c := s.cells[name]
+			if c.Error == "" && failed[name] != "" {
+				c.Error = failed[name]
+			}
 			if len(c.Seconds) > 0 {
-				s := slices.Clone(c.Seconds)
-				sort.Float64s(s)
-				c.Median, c.P10, c.P90 = quantile(s, 0.5), quantile(s, 0.1), quantile(s, 0.9)
+				sec := slices.Clone(c.Seconds)
+				sort.Float64s(sec)
+				c.Median, c.P10, c.P90 = quantile(sec, 0.5), quantile(sec, 0.1), quantile(sec, 0.9)
 				c.ElementsPerSec = float64(n) / c.Median
-				c.AlgBWGBps = float64(bytes) / c.Median / 1e9
-				c.CPUSecPerGB = busy[name] / (float64(bytes) * float64(len(c.Seconds)) / 1e9)
+				c.AlgBWGBps = float64(s.bytes) / c.Median / 1e9
+				c.CPUSecPerGB = s.busy[name] / (float64(s.bytes) * float64(len(c.Seconds)) / 1e9)
 			}
 			rep.Cells = append(rep.Cells, *c)
 		}
@@ -305,6 +335,28 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 	progress(opts, "")
 	return nil
 }
+
+// settle waits, at most settleMax, until the machine's kernel has been nearly idle for one
+// settleWindow: namespace and XDP teardown finishes asynchronously in kernel workers, which must
+// not be charged to the next mode. Only kernel time counts (system, irq, softirq), so that
+// unrelated user-space load does not hold the benchmark up; on a machine whose kernel is busy
+// with other work it gives up after settleMax.
+func settle() {
+	deadline := time.Now().Add(settleMax)
+	for time.Now().Before(deadline) {
+		k0 := kernelCPU()
+		time.Sleep(settleWindow)
+		if kernelCPU()-k0 <= settleBusy {
+			return
+		}
+	}
+}
+
+const (
+	settleWindow = 100 * time.Millisecond
+	settleBusy   = 0.02 // kernel CPU seconds (all cores) in one window: 20% of one core
+	settleMax    = time.Second
+)
 
 // makeInputs returns W tensors of n values uniform in [-1, 1) and their float64 sum.
 func makeInputs(w, n int, seed uint64) ([][]float32, []float64) {
@@ -378,21 +430,31 @@ func (r *Report) ratios(modes []string) {
 
 // busyCPU is the machine's non-idle CPU time in seconds (all processes, irq and softirq).
 func busyCPU() float64 {
+	return cpuStat(func(i int) bool { return i != 3 && i != 4 }) // all but idle, iowait
+}
+
+// kernelCPU is the machine's system, irq and softirq time in seconds.
+func kernelCPU() float64 {
+	return cpuStat(func(i int) bool { return i == 2 || i == 5 || i == 6 })
+}
+
+// cpuStat sums the fields of /proc/stat's "cpu" line whose index (0: user) include says.
+func cpuStat(include func(i int) bool) float64 {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)
-	var busy float64
+	var sum float64
 	for i, v := range f[1:] {
-		if i == 3 || i == 4 { // idle, iowait
+		if !include(i) {
 			continue
 		}
 		x, _ := strconv.ParseFloat(v, 64)
-		busy += x
+		sum += x
 	}
-	return busy / 100 // USER_HZ
+	return sum / 100 // USER_HZ
 }
 
 func machine() string {
@@ -413,51 +475,130 @@ func humanBytes(b int) string {
 
 // ---- modes ----
 
+// mode is one allreduce implementation running in its own environment (topology and processes),
+// built by setUp for one round and torn down by close.
+type mode interface {
+	// run all-reduces inputs (one per worker, in place) and returns the slowest worker's time.
+	run(ctx context.Context, inputs [][]float32) (time.Duration, error)
+	// needsWarmUp says whether run should be called once untimed before the timed run (Gloo
+	// warms up inside its own command).
+	needsWarmUp() bool
+	// perRun is how many allreduces one run performs (the machine's CPU time during a run is
+	// charged to that many): 1, or 2 for Gloo's command, which warms up inside.
+	perRun() int
+	// verify checks the outputs of the last run against ref (the float64 sum).
+	verify(out [][]float32, ref []float64) error
+	// note is a remark for the report about the environment (empty: none).
+	note() string
+	// close stops every process, socket and goroutine of the mode and deletes its topology.
+	close() error
+}
+
+// Environments says where each mode runs (Report.Environments): each in the setting that suits
+// it best. Only xdpagg needs XDP; with XDP on a veth its peer's TX checksum offload must be off
+// (an XDP rewrite breaks a partial checksum) and every frame is handled in the veth's XDP path,
+// which costs the baselines' TCP and UDP traffic (GSO super-packets are split, skbs copied). So
+// the baselines run on a plain kernel-forwarding switch namespace with no XDP program anywhere
+// and the kernel's default veth offloads (TX checksum offload and GSO on, GRO off).
+var Environments = map[string]string{
+	ModeXdpagg: "testbed: XDP switch program on every switch port, xdpagg_pass on every host, TX checksum offload off, GRO on",
+	ModePS:     "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers + PS",
+	ModeRing:   "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers only",
+	ModeGloo:   "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers only",
+}
+
+// setUp builds mode name's environment for W workers.
+func setUp(ctx context.Context, name string, opts Options, w int) (mode, error) {
+	switch name {
+	case ModeXdpagg:
+		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU,
+			Switch: loader.Config{PoolSize: 4096}})
+		if err != nil {
+			return nil, err
+		}
+		return &xdpaggMode{bed: bed}, nil
+	case ModePS:
+		return newPSMode(opts, w)
+	case ModeRing:
+		return newRingMode(opts, w)
+	case ModeGloo:
+		return newGlooMode(ctx, opts, w)
+	}
+	return nil, fmt.Errorf("%w: mode %q", ErrConfig, name)
+}
+
+// plainTopology is the baselines' environment: kernel forwarding, no XDP, default offloads.
+func plainTopology(opts Options, w int, ps bool) (*topo.Topology, error) {
+	return topo.New(topo.Config{Workers: w, PS: ps, MTU: opts.MTU, KernelOffloads: true})
+}
+
+// workerNote reports whether a worker sends with UDP GSO, the fast path's kernel feature.
+func workerNote(w *hostlib.Worker) string {
+	on, why := w.GSO()
+	if on {
+		return "workers send with UDP GSO"
+	}
+	return fmt.Sprintf("UDP GSO off: %v", why)
+}
+
 type xdpaggMode struct{ bed *testbed.Bed }
 
 func (m *xdpaggMode) run(ctx context.Context, in [][]float32) (time.Duration, error) {
 	return m.bed.AllReduce(ctx, in)
 }
+func (m *xdpaggMode) needsWarmUp() bool { return true }
+func (m *xdpaggMode) perRun() int       { return 1 }
 func (m *xdpaggMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, float64(len(out))*math.Ldexp(1, -25), 0x1p-23)
 }
-func (m *xdpaggMode) close() error { return nil }
+func (m *xdpaggMode) note() string { return workerNote(m.bed.Workers[0]) }
+func (m *xdpaggMode) close() error { return m.bed.Close() }
 
-// psMode: workers send to a user-space PS on a port the switch does not intercept; the switch
-// namespace's kernel routes the packets; the PS answers every worker directly.
+// psMode: workers send to hostlib's PS in user space (Direct: it answers every worker itself),
+// routed by the switch namespace's kernel.
 type psMode struct {
+	topo    *topo.Topology
 	srv     *hostlib.PS
 	cancel  context.CancelFunc
+	done    chan error
 	workers []*hostlib.Worker
 }
 
-func newPSMode(bed *testbed.Bed, opts Options) (*psMode, error) {
+func newPSMode(opts Options, w int) (_ *psMode, err error) {
 	m := &psMode{}
-	ps := bed.Topo.PS
+	if m.topo, err = plainTopology(opts, w, true); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			m.close()
+		}
+	}()
+	ps := m.topo.PS
 	addr := netip.AddrPortFrom(ps.IP, psPort)
-	if err := bed.Topo.InHost(ps, func() (err error) {
-		m.srv, err = hostlib.NewPS(hostlib.PSConfig{Listen: addr, Direct: true,
+	if err := m.topo.InHost(ps, func() (err error) {
+		m.srv, err = hostlib.NewPS(hostlib.PSConfig{Listen: addr, Direct: true, Open: true,
 			Switch: netip.AddrPortFrom(ps.Gateway, psPort)})
 		return err
 	}); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m.cancel = cancel
-	go m.srv.Serve(ctx)
-	for i, h := range bed.Topo.Workers {
-		err := bed.Topo.InHost(h, func() error {
-			w, err := hostlib.NewWorker(hostlib.WorkerConfig{JobID: 2, WorkerID: uint8(i),
-				NumWorkers: uint8(len(bed.Topo.Workers)), Local: netip.AddrPortFrom(h.IP, psWorkerPort),
-				PS: addr, PoolSize: 4096, Window: opts.Window, ValuesPerPacket: bed.ValuesPerPacket()})
+	m.cancel, m.done = cancel, make(chan error, 1)
+	go func() { m.done <- m.srv.Serve(ctx) }()
+	values := valuesPerPacket(opts)
+	for i, h := range m.topo.Workers {
+		err := m.topo.InHost(h, func() error {
+			wk, err := hostlib.NewWorker(hostlib.WorkerConfig{JobID: 2, WorkerID: uint8(i),
+				NumWorkers: uint8(w), Local: netip.AddrPortFrom(h.IP, psWorkerPort),
+				PS: addr, PoolSize: 4096, Window: opts.Window, ValuesPerPacket: values})
 			if err != nil {
 				return err
 			}
-			m.workers = append(m.workers, w)
+			m.workers = append(m.workers, wk)
 			return nil
 		})
 		if err != nil {
-			m.close()
 			return nil, err
 		}
 	}
@@ -467,28 +608,53 @@ func newPSMode(bed *testbed.Bed, opts Options) (*psMode, error) {
 func (m *psMode) run(ctx context.Context, in [][]float32) (time.Duration, error) {
 	return parallel(ctx, len(in), func(ctx context.Context, i int) error { return m.workers[i].AllReduce(ctx, in[i]) })
 }
+func (m *psMode) needsWarmUp() bool { return true }
+func (m *psMode) perRun() int       { return 1 }
 func (m *psMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, float64(len(out))*math.Ldexp(1, -25), 0x1p-23)
 }
+func (m *psMode) note() string { return workerNote(m.workers[0]) }
 func (m *psMode) close() error {
+	var errs []error
 	for _, w := range m.workers {
-		w.Close()
+		if err := w.Close(); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	m.cancel()
-	return m.srv.Close()
+	if m.srv != nil {
+		m.cancel()
+		if err := m.srv.Close(); err != nil && !errors.Is(err, hostlib.ErrClosed) {
+			errs = append(errs, err)
+		}
+		<-m.done // every receive goroutine has returned
+	}
+	errs = append(errs, m.topo.Close())
+	return errors.Join(errs...)
 }
 
-type ringMode struct{ rings []*hostlib.Ring }
+type ringMode struct {
+	topo  *topo.Topology
+	rings []*hostlib.Ring
+}
 
-func newRingMode(bed *testbed.Bed) (*ringMode, error) {
+func newRingMode(opts Options, w int) (_ *ringMode, err error) {
 	m := &ringMode{}
+	if m.topo, err = plainTopology(opts, w, false); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			m.close()
+		}
+	}()
 	var peers []netip.AddrPort
-	for _, h := range bed.Topo.Workers {
+	for _, h := range m.topo.Workers {
 		peers = append(peers, netip.AddrPortFrom(h.IP, ringPort))
 	}
-	for i, h := range bed.Topo.Workers {
-		err := bed.Topo.InHost(h, func() error {
-			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers, ValuesPerPacket: bed.ValuesPerPacket()})
+	values := valuesPerPacket(opts)
+	for i, h := range m.topo.Workers {
+		err := m.topo.InHost(h, func() error {
+			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers, ValuesPerPacket: values})
 			if err != nil {
 				return err
 			}
@@ -496,7 +662,6 @@ func newRingMode(bed *testbed.Bed) (*ringMode, error) {
 			return nil
 		})
 		if err != nil {
-			m.close()
 			return nil, err
 		}
 	}
@@ -506,28 +671,42 @@ func newRingMode(bed *testbed.Bed) (*ringMode, error) {
 func (m *ringMode) run(ctx context.Context, in [][]float32) (time.Duration, error) {
 	return parallel(ctx, len(in), func(ctx context.Context, i int) error { return m.rings[i].AllReduce(ctx, in[i]) })
 }
+func (m *ringMode) needsWarmUp() bool { return true }
+func (m *ringMode) perRun() int       { return 1 }
 func (m *ringMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, 1e-6*float64(len(out)), 1e-6)
 }
+func (m *ringMode) note() string { return "" }
 func (m *ringMode) close() error {
+	var errs []error
 	for _, r := range m.rings {
-		r.Close()
+		if err := r.Close(); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	errs = append(errs, m.topo.Close())
+	return errors.Join(errs...)
 }
 
-// glooMode drives long-lived torch.distributed ranks; it allocates its own tensors (Gloo sums
-// correctly or Check fails), so the inputs only give the size.
-type glooMode struct{ g *gloo.Group }
+// glooMode drives torch.distributed ranks started for this round; it allocates its own tensors
+// (Gloo sums correctly or Check fails), so the inputs only give the size.
+type glooMode struct {
+	topo *topo.Topology
+	g    *gloo.Group
+}
 
-func newGlooMode(ctx context.Context, bed *testbed.Bed, opts Options) (*glooMode, error) {
-	g, err := gloo.Start(ctx, bed.Topo, gloo.Options{Python: opts.Python})
-	if err != nil {
+func newGlooMode(ctx context.Context, opts Options, w int) (_ *glooMode, err error) {
+	m := &glooMode{}
+	if m.topo, err = plainTopology(opts, w, false); err != nil {
 		return nil, err
 	}
-	return &glooMode{g: g}, nil
+	if m.g, err = gloo.Start(ctx, m.topo, gloo.Options{Python: opts.Python}); err != nil {
+		return nil, errors.Join(err, m.topo.Close())
+	}
+	return m, nil
 }
 
+// run times one allreduce after the command's own untimed warm-up allreduce and a barrier.
 func (m *glooMode) run(ctx context.Context, in [][]float32) (time.Duration, error) {
 	t, err := m.g.AllReduce(ctx, len(in[0]), 1)
 	if err != nil {
@@ -535,12 +714,26 @@ func (m *glooMode) run(ctx context.Context, in [][]float32) (time.Duration, erro
 	}
 	return t[0], nil
 }
+func (m *glooMode) needsWarmUp() bool { return false }
+func (m *glooMode) perRun() int       { return 2 }
 
 // verify runs Gloo's own sum check (its tensors live in Python, not in out).
 func (m *glooMode) verify(out [][]float32, _ []float64) error {
 	return m.g.Check(context.Background(), len(out[0]))
 }
-func (m *glooMode) close() error { return m.g.Close() }
+func (m *glooMode) note() string { return "torch " + m.g.TorchVersion() }
+
+// close stops the ranks (they quit, or are killed after a grace period) and waits for them to
+// exit before the topology goes.
+func (m *glooMode) close() error { return errors.Join(m.g.Close(), m.topo.Close()) }
+
+// valuesPerPacket is what the topology's MTU lets a UDP mode's packet carry.
+func valuesPerPacket(o Options) int {
+	if o.MTU == 0 {
+		return bpf.StdValues
+	}
+	return bpf.ValuesForMTU(o.MTU)
+}
 
 // parallel runs fn for every worker at once and returns the wall time until the last finished.
 func parallel(ctx context.Context, n int, fn func(ctx context.Context, i int) error) (time.Duration, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,12 +35,43 @@ func TestEveryModeSumsCorrectly(t *testing.T) {
 	if len(rep.Ratios) == 0 {
 		t.Error("no ratios")
 	}
+	for _, m := range AllModes {
+		if rep.Environments[m] == "" {
+			t.Errorf("no environment reported for %s", m)
+		}
+	}
 	png := filepath.Join(t.TempDir(), "bench.png")
 	if err := rep.Plot(png); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := os.Stat(png); err != nil || st.Size() == 0 {
 		t.Errorf("plot not written: %v", err)
+	}
+}
+
+// The loss cost runs its pairs on a testbed with loss injected and verifies every result; only
+// the shape of the report is checked, never the ratio.
+func TestLossCostReports(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := LossCost(ctx, LossCostOptions{Workers: 2, Bytes: 400 << 10, Pairs: 3, Loss: 1})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skipf("kernel lacks a feature (ebpf.ErrNotSupported): %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ratios) != 3 || res.Median <= 0 || res.P10 > res.Median || res.Median > res.P90 ||
+		res.CleanMedian <= 0 || res.LossyMedian <= 0 {
+		t.Errorf("loss cost %+v", res)
+	}
+	var b strings.Builder
+	res.Table(&b)
+	if !strings.Contains(b.String(), "lossy/clean") {
+		t.Errorf("table %q", b.String())
+	}
+	if _, err := LossCost(ctx, LossCostOptions{Pairs: -1}); !errors.Is(err, ErrConfig) {
+		t.Errorf("pairs -1: %v, want ErrConfig", err)
 	}
 }
 

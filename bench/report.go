@@ -20,7 +20,13 @@ import (
 
 // Table prints every cell, then xdpagg's ratio to each other mode.
 func (r *Report) Table(w io.Writer) {
-	fmt.Fprintf(w, "machine: %s; MTU %d\n\n", r.Machine, r.MTU)
+	fmt.Fprintf(w, "machine: %s; MTU %d\n", r.Machine, r.MTU)
+	for _, m := range AllModes {
+		if e, ok := r.Environments[m]; ok {
+			fmt.Fprintf(w, "  %-6s runs on %s\n", m, e)
+		}
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tW\tsize\tmedian ms\tp10 ms\tp90 ms\telements/s\talgbw GB/s\tCPU s/GB\tverified\t")
 	for _, c := range r.Cells {

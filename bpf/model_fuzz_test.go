@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/loader"
@@ -29,23 +28,26 @@ var fuzzSwitch struct {
 	s  *sw
 }
 
-// switchForFuzz returns the process's switch, loading and enrolling it on first use, with its
-// slots reset and its counter baseline taken. The lock is held until the input is done.
-func switchForFuzz(t *testing.T) *sw {
+// switchForFuzz returns the process's switch, loading and enrolling it (as the model m) on first
+// use, with its slots reset, its jobs' quotas and held slots set to m's, and its counter baseline
+// taken. The lock is held until the input is done.
+func switchForFuzz(t *testing.T, m *model) *sw {
 	t.Helper()
 	fuzzSwitch.mu.Lock()
 	t.Cleanup(fuzzSwitch.mu.Unlock)
 	if fuzzSwitch.s == nil {
-		sl, err := loader.Load(loader.Config{PoolSize: modelPool, SlotTimeout: time.Hour})
+		sl, err := loader.Load(modelConfig())
 		skipIfUnsupported(t, "load switch", err)
 		// Never closed: the switch lives as long as the (fuzz worker) process.
-		enroll(t, sl.Maps, loIfindex, 1, 2, 3) // the model's jobs
+		enrollModel(t, sl.Maps, m)
 		fuzzSwitch.s = &sw{Switch: sl}
 	}
 	s := fuzzSwitch.s
+	// ResetSlots leaves jobs.held as it was: the jobs are rewritten with the model's (0).
 	if err := s.Maps.ResetSlots(); err != nil {
 		t.Fatalf("reset slots: %v", err)
 	}
+	resetJobs(t, s.Maps, m)
 	s.base = s.counters(t)
 	return s
 }
@@ -58,7 +60,8 @@ const (
 	catResult                   // MSG_RESULT, from the PS or not
 	catMalformed                // parse-level or header-level garbage: rx+malformed, drop, no slot touched
 	catNonAgg                   // not xdpagg traffic at all: non_agg, passed untouched
-	catControl                  // control message types 3..8: rx+control, passed untouched
+	catControl                  // control messages (JOIN, LEAVE, ACK, RETRANSMIT): rx+control, passed untouched
+	catIPInvalid                // to the agg port with IP options, as a first fragment, or a bad IP checksum: rx+ip_invalid, drop
 )
 
 type fuzzPkt struct {
@@ -74,14 +77,6 @@ func fuzzExpect(m *model, p fuzzPkt) (want outcome, unchanged bool) {
 	case catData:
 		return m.step(f), false
 	case catResult:
-		// handle_result: job 0 is malformed; only the job's PS may send its results (the model's
-		// result() assumes both checks passed).
-		switch {
-		case f.Hdr.JobId == 0:
-			return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntMalformed: 1}, what: "malformed result"}, false
-		case f.Hdr.JobId < 1 || f.Hdr.JobId > 3 || f.SrcIP != psIP:
-			return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntNotMember: 1}, what: "result not from the PS"}, false
-		}
 		return m.result(f), false
 	case catMalformed:
 		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntMalformed: 1}, what: "malformed"}, false
@@ -89,17 +84,20 @@ func fuzzExpect(m *model, p fuzzPkt) (want outcome, unchanged bool) {
 		return outcome{verdict: xdpPass, delta: cnt{maps.CntNonAgg: 1}, what: "not xdpagg traffic"}, true
 	case catControl:
 		return outcome{verdict: xdpPass, delta: cnt{maps.CntRx: 1, maps.CntControl: 1}, what: "control"}, true
+	case catIPInvalid:
+		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntIPInvalid: 1}, what: "IP options, fragment or checksum"}, false
 	}
 	panic(fmt.Sprintf("category %d", p.cat))
 }
 
-// Input layout. A 4-byte preamble: fan-in of jobs 1..3 (1..4 each) and where their sequence
-// numbers start (0, just before the 32-bit wrap, just before the sign flip, or anywhere). Then
-// one packet per fuzzPktLen bytes (a short tail is zero-padded), at most fuzzMaxPkts:
+// Input layout. A 5-byte preamble: fan-in of jobs 1..3 (1..4 each), where their sequence numbers
+// start (0, just before the 32-bit wrap, just before the sign flip, or anywhere), and their slot
+// quotas (bits 2j-2..2j-1 of byte 4: 1 + that, 4 being the whole pool). Then one packet per
+// fuzzPktLen bytes (a short tail is zero-padded), at most fuzzMaxPkts:
 //
 //	b0  kind (b0 % 16): 0-7 DATA, 8 repeat the previous frame byte for byte, 9 PS result,
-//	    10 move the job's base seq on (no packet), 11 spoofed DATA, 12-13 malformed, 14 control,
-//	    15 not xdpagg traffic
+//	    10 move the job's base seq on (no packet), 11 spoofed DATA, 12-13 malformed, 14 control
+//	    (or reserved), 15 not xdpagg traffic or IP-level invalid
 //	b1  job 1 + b1%3; seq = base(job) + (b1/3)%6 - 2
 //	b2  worker b2 % fan, or with bit 7 set b2 & 31 (may lie outside the fan-in)
 //	b3  slot: bit 7 set: b3 % pool, else the job's own (3*job + seq) % pool
@@ -111,9 +109,14 @@ func fuzzExpect(m *model, p fuzzPkt) (want outcome, unchanged bool) {
 //	b7  sub-kind: the malformation, spoof, non-xdpagg kind, control type, PS-result variant or
 //	    how far the base seq moves
 const (
-	fuzzPreamble = 4
+	fuzzPreamble = 5
 	fuzzPktLen   = 8
 	fuzzMaxPkts  = 32
+
+	// Sub-kinds (b7 modulo these) of kinds 12-13, 11 and 15.
+	fuzzMalformations = 19
+	fuzzSpoofs        = 7
+	fuzzNonAggs       = 10
 )
 
 // switchIP is the switch's own address, where control messages go.
@@ -134,7 +137,7 @@ func fpkt(kind uint8, job uint32, off int, w uint8, b3, b4, b5, b6, b7 uint8) [f
 }
 
 func FuzzSwitchModel(f *testing.F) {
-	fans := [fuzzPreamble]byte{1, 1, 2, 0} // fan-in 2, 2, 3; seqs from 0
+	fans := [fuzzPreamble]byte{1, 1, 2, 0, 0xff} // fan-in 2, 2, 3; seqs from 0; no quotas
 	const (
 		rs  = 1 << 0 // F_RESEND
 		ecn = 1 << 1
@@ -167,25 +170,25 @@ func FuzzSwitchModel(f *testing.F) {
 	// Every malformation, spoof, non-xdpagg kind and control type once, between valid data.
 	var mixed [][fuzzPktLen]byte
 	mixed = append(mixed, fpkt(0, 2, 0, 0, 0, 0, 0x20|12, 7, 0))
-	for k := range uint8(16) {
+	for k := range uint8(fuzzMalformations) {
 		mixed = append(mixed, fpkt(12, 2, 0, 1, 0, 0, 0x20|uint8(k), 5+k, k))
 	}
-	for k := range uint8(6) {
+	for k := range uint8(fuzzSpoofs) {
 		mixed = append(mixed, fpkt(11, 2, 0, 1, 0, 0, 0, k, k))
 	}
-	for k := range uint8(7) {
+	for k := range uint8(fuzzNonAggs) {
 		mixed = append(mixed, fpkt(15, 1, 0, 0, 0, 0, 0, 3*k, k))
 	}
 	for k := range uint8(6) {
 		mixed = append(mixed, fpkt(14, 1, 0, 0, 0, 0, 0, k, k))
 	}
-	for k := range uint8(4) {
+	for k := range uint8(6) {
 		mixed = append(mixed, fpkt(9, 2, 0, 0, 0, 0, 0, k, k))
 	}
 	mixed = append(mixed, fpkt(0, 2, 0, 1, 0, 0, 0x20|12, 7, 0))
 	f.Add(fuzzSeq(fans, mixed...))
 	// Sequence numbers around the wrap, fan-in 1 (every packet completes), wrong fan-ins/counts.
-	f.Add(fuzzSeq([fuzzPreamble]byte{0, 0, 3, 1},
+	f.Add(fuzzSeq([fuzzPreamble]byte{0, 0, 3, 1, 0xff},
 		fpkt(0, 1, 1, 0, 0, 0, 0, 1, 0),
 		fpkt(0, 1, 3, 0, 0, 0, 0, 1, 0),
 		fpkt(10, 1, 0, 0, 0, 0, 0, 0, 2),
@@ -198,12 +201,30 @@ func FuzzSwitchModel(f *testing.F) {
 		fpkt(0, 1, 0, 0, 0, 0, 0, 1, 0),
 	))
 
-	f.Fuzz(func(t *testing.T, data []byte) {
-		s := switchForFuzz(t)
-		m := &model{pool: modelPool, slots: make([]mslot, modelPool)}
+	// Quotas: job 1 may hold 1 slot, job 2 2; jobs 1 and 2 reach them, complete or retake their
+	// own slots without quota, a PS result and a flush give slots back.
+	f.Add(fuzzSeq([fuzzPreamble]byte{1, 1, 2, 0, 0x04 | 0x30},
+		fpkt(0, 1, 0, 0, 0, 0, 0, 1, 0),
+		fpkt(0, 1, 1, 0, 0, 0, 0, 1, 0),
+		fpkt(0, 1, 0, 1, 0, 0, 0, 1, 0),
+		fpkt(0, 1, 4, 0, 0, 0, 0, 1, 0),
+		fpkt(0, 2, 0, 0, 0, 0, 0, 2, 0),
+		fpkt(0, 2, 1, 0, 0, 0, 0, 2, 0),
+		fpkt(0, 2, 2, 0, 0, 0, 0, 2, 0),
+		fpkt(9, 2, 0, 0, 0, 0, 0, 2, 7),
+		fpkt(0, 2, 2, 1, 0, 0, 0, 2, 0),
+		fpkt(0, 2, 1, 0, 0, rs, 0, 2, 0),
+		fpkt(0, 2, 3, 0, 0, 0, 0, 2, 0),
+		fpkt(9, 1, 1, 0, 0, 0, 0, 2, 3),
+		fpkt(9, 1, 1, 0, 0, 0, 0, 2, 4),
+		fpkt(0, 1, 1, 1, 0, 0, 0, 1, 0),
+	))
 
+	f.Fuzz(func(t *testing.T, data []byte) {
 		var pre [fuzzPreamble]byte
 		copy(pre[:], data)
+		m := newModel([3]uint32{1 + uint32(pre[4]&3), 1 + uint32(pre[4]>>2&3), 1 + uint32(pre[4]>>4&3)})
+		s := switchForFuzz(t, m)
 		fan := map[uint32]uint8{1: 1 + pre[0]%4, 2: 1 + pre[1]%4, 3: 1 + pre[2]%4}
 		start := [4]uint32{0, 0xfffffffe, 0x7ffffffe, uint32(pre[3]) << 24}[pre[3]%4]
 		base := map[uint32]uint32{1: start, 2: start + 100, 3: start - 100}
@@ -244,11 +265,13 @@ func FuzzSwitchModel(f *testing.F) {
 			if idx := p.f.Hdr.AggIndex; idx < modelPool {
 				m.expectSlot(t, s, idx)
 			}
+			m.expectHeld(t, s)
 			if t.Failed() {
 				t.Fatalf("diverged from the model at packet %d (fan-ins %v); last packets:\n\t%s", n, fan, joinLines(history))
 			}
 		}
 		m.expectSlots(t, s)
+		m.expectHeld(t, s)
 		if t.Failed() {
 			t.Fatalf("a slot no packet named diverged from the model (fan-ins %v); last packets:\n\t%s", fan, joinLines(history))
 		}
@@ -343,10 +366,19 @@ func fuzzPacket(b [fuzzPktLen]byte, n int, fan map[uint32]uint8, base map[uint32
 		case 2:
 			res.Hdr.JobId = unenrolledJob
 			desc += " (job nobody joined)"
+		case 3:
+			res.SrcPort = aggPort + 1 + uint16(param)
+			desc += " (from another UDP port of the PS)"
+		case 4:
+			res.Hdr.JobId = modelFarPSJob
+			desc += " (job whose PS is behind another switch port)"
+		case 5:
+			res.Hdr.JobId = modelUnadmitted
+			desc += " (job never admitted)"
 		}
 		return fuzzPkt{f: res, cat: catResult, desc: desc}, true
 	case 11:
-		switch b[7] % 6 {
+		switch b[7] % fuzzSpoofs {
 		case 0:
 			d.Hdr.WorkerId = (w + 1) % uint8(bpf.MaxWorkers) // another worker's id
 		case 1:
@@ -364,10 +396,12 @@ func fuzzPacket(b [fuzzPktLen]byte, n int, fan map[uint32]uint8, base map[uint32
 			}
 		case 5:
 			d.Hdr.WorkerId = uint8(bpf.MaxWorkers) + param%224 // no such worker
+		case 6:
+			d.Hdr.JobId = modelUnadmitted // workers bound, job never admitted
 		}
-		return fuzzPkt{f: d, cat: catData, desc: desc + fmt.Sprintf(" (spoof %d)", b[7]%6)}, true
+		return fuzzPkt{f: d, cat: catData, desc: desc + fmt.Sprintf(" (spoof %d)", b[7]%fuzzSpoofs)}, true
 	case 12, 13:
-		return fuzzMalformed(d, b[7]%16, param, desc), true
+		return fuzzMalformed(d, b[7]%fuzzMalformations, param, desc), true
 	case 14:
 		typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN) + b[7]%6
 		c := d.with(func(f *frame) {
@@ -377,9 +411,13 @@ func fuzzPacket(b [fuzzPktLen]byte, n int, fan map[uint32]uint8, base map[uint32
 			f.Hdr.AggIndex = uint32(param) << 20
 			f.Vals = f.Vals[:min(len(f.Vals), int(param%3))]
 		})
-		return fuzzPkt{f: c, cat: catControl, desc: fmt.Sprintf("control type %d count %d", typ, param)}, true
+		cat := catControl
+		if typ == uint8(bpf.XdpaggMsgTypeMSG_RESET) || typ == uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT) {
+			cat = catMalformed // reserved
+		}
+		return fuzzPkt{f: c, cat: cat, desc: fmt.Sprintf("control type %d count %d", typ, param)}, true
 	case 15:
-		return fuzzNonAgg(d, b[7]%7, param), true
+		return fuzzNonAgg(d, b[7]%fuzzNonAggs, param), true
 	}
 	return fuzzPkt{f: d, cat: catData, desc: desc}, true
 }
@@ -482,14 +520,29 @@ func fuzzMalformed(d frame, k, p uint8, desc string) fuzzPkt {
 				f.Hdr.Encoding = 3 + p%253
 			}
 			what = fmt.Sprintf("result job %d count %d agg_index %d encoding %d", f.Hdr.JobId, f.Hdr.Count, f.Hdr.AggIndex, f.Hdr.Encoding)
+		case 16:
+			f.Pad = 1 + int(p%8)
+			what = fmt.Sprintf("%d bytes after the IPv4 total length", f.Pad)
+		case 17:
+			f.Hdr.Type = [2]uint8{uint8(bpf.XdpaggMsgTypeMSG_RESET), uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT)}[p%2]
+			what = fmt.Sprintf("reserved type %d", f.Hdr.Type)
+		case 18:
+			f.Hdr.Encoding = encSparseKV
+			if p%2 == 1 {
+				*f = resultFrame(f.Hdr.JobId, f.Hdr.Seq, f.Hdr.AggIndex, 2, f.Vals...)
+				f.Hdr.Encoding = encSparseKV
+			}
+			what = fmt.Sprintf("ENC_SPARSE_KV type %d", f.Hdr.Type)
 		}
 	})
 	return fuzzPkt{f: g, cat: catMalformed, desc: desc + " malformed: " + what}
 }
 
-// fuzzNonAgg turns DATA frame d into traffic the switch must pass to the kernel untouched.
+// fuzzNonAgg turns DATA frame d into traffic the switch must pass to the kernel untouched
+// (catNonAgg), or into xdpagg traffic it must drop for its IP header (catIPInvalid).
 func fuzzNonAgg(d frame, k, p uint8) fuzzPkt {
 	var what string
+	cat := catNonAgg
 	g := d.with(func(f *frame) {
 		switch k {
 		case 0:
@@ -504,9 +557,13 @@ func fuzzNonAgg(d frame, k, p uint8) fuzzPkt {
 		case 3:
 			f.FragOff = [2]uint16{0x2000 | uint16(p), 1 + uint16(p)}[p%2]
 			what = fmt.Sprintf("IPv4 fragment (frag_off %#x)", f.FragOff)
+			if f.FragOff == 0x2000 {
+				cat = catIPInvalid // the first fragment: it shows the port
+			}
 		case 4:
 			f.IHL = 6 + p%10
 			what = fmt.Sprintf("IPv4 with options (IHL %d)", f.IHL)
+			cat = catIPInvalid
 		case 5:
 			f.IPVersion = p % 16
 			if f.IPVersion == 0 || f.IPVersion == 4 {
@@ -516,7 +573,33 @@ func fuzzNonAgg(d frame, k, p uint8) fuzzPkt {
 		case 6:
 			f.Truncate = 14 + int(p%28)
 			what = fmt.Sprintf("cut to %d bytes, inside the IPv4/UDP headers", f.Truncate)
+		case 7:
+			f.BadIPCsum = true
+			what = "bad IPv4 header checksum"
+			cat = catIPInvalid
+		case 8:
+			f.DstPort = aggPort + 1 + uint16(p)
+			switch p % 3 {
+			case 0:
+				f.IHL = 6 + p%10
+			case 1:
+				f.FragOff = 0x2000
+			case 2:
+				f.BadIPCsum = true
+			}
+			what = fmt.Sprintf("UDP to port %d with IHL %d, frag_off %#x, bad checksum %v", f.DstPort, f.IHL, f.FragOff, f.BadIPCsum)
+		case 9:
+			f.FragOff = 0x2000
+			f.IPLen = 20 + int(p%8)
+			if p&8 != 0 {
+				f.Truncate = offIP + f.IPLen
+			}
+			what = fmt.Sprintf("tiny first fragment (IP length %d, frame cut %v)", f.IPLen, p&8 != 0)
+			cat = catIPInvalid
 		}
 	})
-	return fuzzPkt{f: g, cat: catNonAgg, desc: "not xdpagg: " + what}
+	if cat == catIPInvalid {
+		return fuzzPkt{f: g, cat: cat, desc: "IP-level invalid: " + what}
+	}
+	return fuzzPkt{f: g, cat: cat, desc: "not xdpagg: " + what}
 }

@@ -1,16 +1,20 @@
 package bpf_test
 
 // Randomized property test: random DATA frames through xdpagg_switch against a Go model of the
-// slot state machine (reserve / add / duplicate / collision / shadow / complete / same-job reuse).
+// slot state machine (reserve / add / duplicate / collision / shadow / complete / same-job reuse),
+// of admission and membership, of the PS check on RESULTs and of slot quotas (jobs.held).
 
 import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/loader"
@@ -29,6 +33,83 @@ type mslot struct {
 type model struct {
 	pool  uint32
 	slots []mslot
+	jobs  map[uint32]*mjob // admitted jobs
+}
+
+// mjob is an admitted job as the model sees it: its PS and quota, and how many slots it holds.
+type mjob struct {
+	psIP      [4]byte
+	psPort    uint16
+	psIfindex uint32
+	maxSlots  uint32
+	held      int32
+}
+
+// The model's jobs: modelJobs are admitted (PS psIP:aggPort behind loIfindex) with every worker
+// id enrolled at workerIP(w):workerPort(w) behind loIfindex; modelUnadmitted has its workers
+// enrolled but was never admitted (its DATA is not_member); modelFarPSJob is admitted with its
+// PS behind another switch port (otherPortIfindex), so RESULTs arriving at loIfindex are refused.
+var modelJobs = []uint32{1, 2, 3}
+
+const (
+	modelUnadmitted = 4
+	modelFarPSJob   = 5
+)
+
+// newModel is the model of a switch enrolled by enrollModel, with slot quotas for jobs 1..3
+// (quota[j-1]; 0 means the whole pool).
+func newModel(quota [3]uint32) *model {
+	m := &model{pool: modelPool, slots: make([]mslot, modelPool), jobs: map[uint32]*mjob{}}
+	for i, j := range modelJobs {
+		q := quota[i]
+		if q == 0 {
+			q = modelPool
+		}
+		m.jobs[j] = &mjob{psIP: psIP, psPort: aggPort, psIfindex: loIfindex, maxSlots: q}
+	}
+	m.jobs[modelFarPSJob] = &mjob{psIP: psIP, psPort: aggPort, psIfindex: otherPortIfindex, maxSlots: modelPool}
+	return m
+}
+
+// enrollModel sets a freshly loaded switch up as newModel(quota) describes it.
+func enrollModel(t testing.TB, mp *maps.Maps, m *model) {
+	t.Helper()
+	for id, j := range m.jobs {
+		admit(t, mp, maps.Job{JobID: id, PS: netip.AddrPortFrom(netip.AddrFrom4(j.psIP), j.psPort), PSIfindex: j.psIfindex,
+			Workers: uint8(bpf.MaxWorkers), MaxSlots: j.maxSlots})
+		enrollWorkers(t, mp, loIfindex, id)
+	}
+	enrollWorkers(t, mp, loIfindex, modelUnadmitted)
+}
+
+// resetJobs rewrites the switch's job entries as the model has them (held included): the fuzz
+// target reuses one switch across inputs, and each input starts from an empty pool.
+func resetJobs(t testing.TB, mp *maps.Maps, m *model) {
+	t.Helper()
+	for id, j := range m.jobs {
+		var v bpf.XdpaggJob
+		if err := mp.Jobs.Lookup(id, &v); err != nil {
+			t.Fatalf("read job %d: %v", id, err)
+		}
+		v.MaxSlots, v.Held = j.maxSlots, j.held
+		if err := mp.Jobs.Update(id, &v, ebpf.UpdateExist); err != nil {
+			t.Fatalf("rewrite job %d: %v", id, err)
+		}
+	}
+}
+
+// expectHeld compares every job's held slots (jobs.held) with the model's.
+func (m *model) expectHeld(t *testing.T, s *sw) {
+	t.Helper()
+	for id, j := range m.jobs {
+		var v bpf.XdpaggJob
+		if err := s.Maps.Jobs.Lookup(id, &v); err != nil {
+			t.Fatalf("read job %d: %v", id, err)
+		}
+		if v.Held != j.held || v.MaxSlots != j.maxSlots {
+			t.Errorf("job %d: held %d of %d slots, model says %d of %d", id, v.Held, v.MaxSlots, j.held, j.maxSlots)
+		}
+	}
 }
 
 // outcome is what the model predicts for one frame.
@@ -42,12 +123,14 @@ type outcome struct {
 
 func seqAfter(a, b uint32) bool { return int32(a-b) > 0 }
 
-// step mirrors handle_data of xdpagg.c for a well-formed-at-parse DATA frame. No slot ever times
-// out (the switch under test has a one-hour timeout).
+// step mirrors parse and handle_data of xdpagg.c for a DATA frame that parses as xdpagg (lengths
+// agree, no IP options, fragments or bad checksums). No slot ever times out (the switch under
+// test has a one-hour timeout).
 func (m *model) step(f frame) outcome {
 	h := f.Hdr
 	malformed := outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntMalformed: 1}, what: "malformed"}
-	if h.Count == 0 || int(h.Count) > bpf.MaxValues || int(h.Count) != len(f.Vals) || h.AggIndex >= m.pool {
+	// Parse: counts, reserved encodings (ENC_SPARSE_KV), slot index.
+	if h.Count == 0 || int(h.Count) > bpf.MaxValues || int(h.Count) != len(f.Vals) || h.Encoding > encFloat32 || h.AggIndex >= m.pool {
 		return malformed
 	}
 	bm, fan := h.Bitmap0, uint32(h.FanIn0)
@@ -57,11 +140,16 @@ func (m *model) step(f frame) outcome {
 	if fan == 0 || fan > uint32(bpf.MaxWorkers) || bm == 0 || (fan < 32 && bm>>fan != 0) || h.JobId == 0 {
 		return malformed
 	}
-	// Membership: jobs 1..3 are enrolled with every worker id at workerIP(w):workerPort(w).
+	// Membership: the enrolled jobs have every worker id at workerIP(w):workerPort(w) behind
+	// loIfindex; then the job must be admitted.
 	w := h.WorkerId
-	if h.JobId < 1 || h.JobId > 3 || w >= uint8(bpf.MaxWorkers) || bm != 1<<w ||
-		f.SrcIP != workerIP(w) || f.SrcPort != workerPort(w) {
+	enrolled := m.jobs[h.JobId] != nil || h.JobId == modelUnadmitted
+	if !enrolled || w >= uint8(bpf.MaxWorkers) || bm != 1<<w || f.SrcIP != workerIP(w) || f.SrcPort != workerPort(w) {
 		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntNotMember: 1}, what: "not a member"}
+	}
+	j := m.jobs[h.JobId]
+	if j == nil {
+		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntNotMember: 1}, what: "job not admitted"}
 	}
 	toPS := func(fl uint16, what string) outcome {
 		d := cnt{maps.CntRx: 1, maps.CntToPS: 1}
@@ -77,19 +165,24 @@ func (m *model) step(f frame) outcome {
 	s := &m.slots[h.AggIndex]
 	pktFlags := h.Flags & (fECN | fOverflow)
 	resend := h.Flags&fResend != 0
+	quotaOK := j.held < int32(j.maxSlots) // read before the slot's lock, as the switch does
 	var ovf, reclaimed bool
 	how := "add"
 	result := func(extra uint16) uint16 {
 		return h.Flags&fLevel1 | s.flags&(fECN|fOverflow) | extra
 	}
 	if !(s.state != slotFree && s.job == h.JobId && s.seq == h.Seq) {
-		ownOlder := s.job == h.JobId && seqAfter(h.Seq, s.seq)
-		reusable := s.state == slotFree || (s.state != slotFree && ownOlder)
+		owned := s.state != slotFree && s.job == h.JobId
+		reusable := s.state == slotFree || (owned && seqAfter(h.Seq, s.seq))
 		switch {
 		case resend:
 			return toPS(0, "resend without a matching slot")
 		case !reusable:
 			return toPS(fCollision, "collision")
+		case !owned && !quotaOK:
+			o := toPS(0, "over quota")
+			o.delta[maps.CntOverQuota] = 1
+			return o
 		case s.state == slotFree:
 			how = "reserve a free slot"
 		case s.state == slotAggregating:
@@ -97,6 +190,12 @@ func (m *model) step(f frame) outcome {
 			reclaimed = true
 		default:
 			how = "retake own completed slot"
+		}
+		if !owned {
+			j.held++
+			if s.state != slotFree { // another job's stale slot (never here: no timeouts)
+				m.jobs[s.job].held--
+			}
 		}
 		*s = mslot{state: slotAggregating, counter: 1, fan: uint8(fan), scale: h.ScaleLog2, job: h.JobId, seq: h.Seq,
 			bitmap: bm, nvals: h.Count, flags: pktFlags}
@@ -131,6 +230,7 @@ func (m *model) step(f frame) outcome {
 		}
 		if bits.OnesCount32(s.bitmap) < int(s.fan) {
 			s.state = slotFree
+			j.held--
 			g := f
 			if h.Flags&fLevel1 != 0 {
 				g.Hdr.Bitmap1 = s.bitmap
@@ -179,11 +279,21 @@ func (m *model) step(f frame) outcome {
 	return outcome{verdict: xdpRedirect, delta: d, out: ptr(asResult(f, s.bitmap, result(fFromSwitch), s.vals[:n])), what: "completed", how: how}
 }
 
-// result mirrors handle_result: a RESULT from the PS frees a slot aggregating its <job, seq>.
+// result mirrors handle_result for a RESULT that parses (arriving at loIfindex): job 0 is
+// malformed; only the admitted job's PS (address, UDP port, switch port) may send it; it frees a
+// slot aggregating its <job, seq>.
 func (m *model) result(f frame) outcome {
 	h := f.Hdr
+	if h.JobId == 0 {
+		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntMalformed: 1}, what: "malformed result"}
+	}
+	j := m.jobs[h.JobId]
+	if j == nil || f.SrcIP != j.psIP || f.SrcPort != j.psPort || j.psIfindex != loIfindex {
+		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntNotMember: 1}, what: "result not from the PS"}
+	}
 	if s := &m.slots[h.AggIndex]; s.state == slotAggregating && s.job == h.JobId && s.seq == h.Seq {
 		s.state = slotFree
+		j.held--
 	}
 	return outcome{verdict: xdpRedirect, delta: cnt{maps.CntRx: 1, maps.CntPSResult: 1}, out: ptr(f), what: "ps result"}
 }
@@ -232,17 +342,18 @@ func TestSwitchModel(t *testing.T) {
 	}
 	for _, seed := range []uint64{1, 2, 3} {
 		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
-			sl, err := loader.Load(loader.Config{PoolSize: modelPool, SlotTimeout: time.Hour})
+			sl, err := loader.Load(modelConfig())
 			skipIfUnsupported(t, "load switch", err)
 			t.Cleanup(func() { sl.Close() })
 			s := &sw{Switch: sl}
-			enroll(t, sl.Maps, loIfindex, 1, 2, 3)
-			s.base = s.counters(t)
-
 			r := rand.New(rand.NewPCG(seed, 0x9510))
-			m := &model{pool: modelPool, slots: make([]mslot, modelPool)}
 			fans := map[uint32]uint8{1: uint8(1 + r.IntN(4)), 2: uint8(1 + r.IntN(4)), 3: uint8(2 + r.IntN(3))} // job 3 always has partners
-			t.Logf("fan-in by job: %v", fans)
+			// Slot quotas of jobs 1..3 (of a pool of 4): tight for one job or two, none for another.
+			quota := map[uint64][3]uint32{1: {1, 2, 4}, 2: {2, 1, 3}, 3: {1, 1, 2}}[seed]
+			m := newModel(quota)
+			enrollModel(t, sl.Maps, m)
+			s.base = s.counters(t)
+			t.Logf("fan-in by job: %v, slot quotas of jobs 1..3: %v", fans, quota)
 			seen := map[string]int{}
 			var history []string
 			// A crude job emulation keeps the walk in interesting states: the workers of each job
@@ -265,13 +376,31 @@ func TestSwitchModel(t *testing.T) {
 				)
 				if len(psQueue) > 0 && r.IntN(3) == 0 {
 					fr := psQueue[0]
-					psQueue = psQueue[1:]
 					job, sq := fr[0], fr[1]
 					idx := (3*job + sq) % modelPool
 					f = resultFrame(job, sq, idx, fans[job], mkVals(modelCount(job, sq), func(int) int32 { return r.Int32() })...)
 					desc = fmt.Sprintf("PS result job %d seq %d idx %d", job, sq, idx)
+					if r.IntN(6) == 0 {
+						// A forged copy, before the real one: not from the job's PS.
+						switch r.IntN(4) {
+						case 0:
+							f.SrcPort = aggPort + 1 + uint16(r.IntN(100))
+							desc += " (from another UDP port of the PS)"
+						case 1:
+							f.SrcIP = workerIP(uint8(r.IntN(int(fans[job]))))
+							desc += " (from a worker)"
+						case 2:
+							f.Hdr.JobId = modelFarPSJob
+							desc += " (for a job whose PS is behind another switch port)"
+						case 3:
+							f.Hdr.JobId = modelUnadmitted
+							desc += " (for a job never admitted)"
+						}
+					} else {
+						psQueue = psQueue[1:]
+						done[fr] = true
+					}
 					want = m.result(f)
-					done[fr] = true
 				} else {
 					job := uint32(1 + r.IntN(3))
 					fan := fans[job]
@@ -305,7 +434,7 @@ func TestSwitchModel(t *testing.T) {
 					f, desc = randomData(r, p, job, fr[1], idx, w, fan, resend)
 					if r.IntN(40) == 0 {
 						// Someone outside the job, or a member lying about who it is.
-						switch r.IntN(4) {
+						switch r.IntN(5) {
 						case 0:
 							f.Hdr.WorkerId = (w + 1) % uint8(bpf.MaxWorkers) // another worker's id
 						case 1:
@@ -314,6 +443,8 @@ func TestSwitchModel(t *testing.T) {
 							f.SrcPort++
 						case 3:
 							f.Hdr.JobId = unenrolledJob
+						case 4:
+							f.Hdr.JobId = modelUnadmitted // workers bound, job not admitted
 						}
 						desc += " (spoofed)"
 					}
@@ -355,15 +486,19 @@ func TestSwitchModel(t *testing.T) {
 				}
 				s.expectDelta(t, want.delta)
 				m.expectSlots(t, s)
+				m.expectHeld(t, s)
 				if t.Failed() {
 					t.Fatalf("diverged from the model at packet %d; last packets:\n\t%s", p, joinLines(history))
 				}
 			}
 			t.Logf("outcomes: %v", seen)
 			compared.Add(int64(packets))
+			if testing.Short() {
+				return // too few packets to promise every outcome
+			}
 			for _, w := range []string{"aggregated", "completed", "duplicate", "collision", "shadow", "resend without a matching slot",
 				"malformed", "ps result", "reserve a free slot", "retake own completed slot", "add",
-				"not a member", "flush partial to PS"} {
+				"not a member", "flush partial to PS", "over quota", "result not from the PS", "job not admitted"} {
 				if seen[w] == 0 {
 					t.Errorf("the random walk never produced %q; tune the generator", w)
 				}
@@ -425,4 +560,12 @@ func joinLines(l []string) string {
 		out += s
 	}
 	return out
+}
+
+// modelConfig is the switch the model runs against: the model's pool, no timeouts (the model has
+// no clock), no source validation (Program.Run's ingress is the loopback device) and a control
+// budget no sequence can exhaust (the model does not rate control messages).
+func modelConfig() loader.Config {
+	return loader.Config{PoolSize: modelPool, SlotTimeout: time.Hour, NoSourceCheck: true,
+		ControlRate: 1e9, ControlBurst: 1e9}
 }

@@ -106,6 +106,7 @@ type frame struct {
 	Pad            int    // bytes of link padding after the IP datagram
 	Truncate       int    // > 0: cut the frame to this many bytes (after everything else)
 	NoUDPCsum      bool   // send with UDP checksum 0
+	BadIPCsum      bool   // send with a wrong IPv4 header checksum (the builder's is valid otherwise)
 	Raw            []byte // when non-nil the frame is exactly these bytes
 	// AltUDPCsum, in an expected output frame, is a second value the UDP checksum field may hold.
 	AltUDPCsum *uint16
@@ -239,7 +240,13 @@ func (f frame) bytes() []byte {
 	for i := 20; i < hl; i++ {
 		ip[i] = 1 // NOP options
 	}
-	binary.BigEndian.PutUint16(ip[10:], fold(csum16(ip, 0)))
+	ipCsum := fold(csum16(ip, 0))
+	if f.BadIPCsum {
+		// Not ^ipCsum: 0x0000 and 0xffff are the same number in ones' complement, so flipping
+		// every bit of a 0x0000 checksum would leave the header valid.
+		ipCsum ^= 0x5a5a
+	}
+	binary.BigEndian.PutUint16(ip[10:], ipCsum)
 
 	b := make([]byte, 0, 14+len(ip)+len(l4)+f.Pad)
 	b = append(b, f.DstMAC[:]...)
@@ -315,9 +322,23 @@ func skipIfUnsupported(t *testing.T, what string, err error) {
 	t.Fatalf("%s: %v", what, err)
 }
 
+// testConfig is the switch configuration of the BPF_PROG_TEST_RUN tests: source validation off
+// (Program.Run's ingress is the loopback device, and no route of the host namespace explains the
+// test addresses; the uRPF tests in urpf_test.go turn it on in a namespace of their own).
+func testConfig(timeout time.Duration) loader.Config {
+	return loader.Config{PoolSize: poolSize, SlotTimeout: timeout, NoSourceCheck: true}
+}
+
 func load(t *testing.T, timeout time.Duration) *sw {
 	t.Helper()
-	s, err := loader.Load(loader.Config{PoolSize: poolSize, SlotTimeout: timeout})
+	return loadCfg(t, testConfig(timeout))
+}
+
+// loadCfg loads a switch with cfg, enrolls the test jobs (testJobs behind loIfindex,
+// otherPortJob's workers behind otherPortIfindex) and takes the counter baseline.
+func loadCfg(t *testing.T, cfg loader.Config) *sw {
+	t.Helper()
+	s, err := loader.Load(cfg)
 	skipIfUnsupported(t, "load switch", err)
 	t.Cleanup(func() {
 		if err := s.Close(); err != nil {
@@ -335,7 +356,7 @@ func load(t *testing.T, timeout time.Duration) *sw {
 // loopback device of the caller's namespace.
 const loIfindex = 1
 
-// testJobs are the job ids the tests send as; unenrolledJob is one nobody joined.
+// testJobs are the job ids the tests send as; unenrolledJob is one nobody joined (nor admitted).
 var testJobs = []uint32{1, 2, 3, 4, 5, 7, 8, 9, 0x01020304}
 
 const (
@@ -345,23 +366,51 @@ const (
 	otherPortIfindex = 999
 )
 
-// enroll lets workers 0..MaxWorkers-1 of each job contribute from workerIP(w):workerPort(w)
-// through switch port ifindex, and makes psIP each job's PS: what JOIN sets up in production.
-func enroll(t testing.TB, m *maps.Maps, ifindex uint32, jobs ...uint32) {
+// testJob is how the tests admit a job: its PS at psIP:aggPort behind the test's ingress port
+// (loopback), 32 workers, and a slot quota of the whole pool (no quota in effect).
+func testJob(m *maps.Maps, job uint32) maps.Job {
+	return maps.Job{JobID: job, PS: netip.AddrPortFrom(netip.AddrFrom4(psIP), aggPort), PSIfindex: loIfindex,
+		Workers: uint8(bpf.MaxWorkers), MaxSlots: m.PoolSize()}
+}
+
+// testKey is a job's control key in the tests (XDP never reads it).
+func testKey(job uint32) []byte {
+	k := make([]byte, maps.KeySize)
+	binary.LittleEndian.PutUint32(k, job)
+	return k
+}
+
+// admit admits job j (maps.AddJob) with a test key.
+func admit(t testing.TB, m *maps.Maps, j maps.Job) {
 	t.Helper()
-	for _, job := range jobs {
-		for w := range uint8(bpf.MaxWorkers) {
-			if err := m.PutWorker(job, w, netip.AddrPortFrom(netip.AddrFrom4(workerIP(w)), workerPort(w)), ifindex); err != nil {
-				t.Fatalf("enroll: %v", err)
-			}
-		}
-		if err := m.PutJob(job, netip.AddrFrom4(psIP), 0); err != nil {
+	if err := m.AddJob(j, testKey(j.JobID)); err != nil {
+		t.Fatalf("admit job %d: %v", j.JobID, err)
+	}
+}
+
+// enrollWorkers lets workers 0..MaxWorkers-1 of job contribute from workerIP(w):workerPort(w)
+// through switch port ifindex (the ingress half of what JOIN sets up).
+func enrollWorkers(t testing.TB, m *maps.Maps, ifindex uint32, job uint32) {
+	t.Helper()
+	for w := range uint8(bpf.MaxWorkers) {
+		if err := m.PutWorker(job, w, netip.AddrPortFrom(netip.AddrFrom4(workerIP(w)), workerPort(w)), ifindex); err != nil {
 			t.Fatalf("enroll: %v", err)
 		}
 	}
 }
 
-func (s *sw) counters(t *testing.T) maps.Counters {
+// enroll admits each job (testJob: PS psIP:aggPort behind loIfindex, quota the whole pool) and
+// lets its workers 0..MaxWorkers-1 contribute from workerIP(w):workerPort(w) through switch port
+// ifindex: what `xdpagg job add` and the workers' JOINs set up in production.
+func enroll(t testing.TB, m *maps.Maps, ifindex uint32, jobs ...uint32) {
+	t.Helper()
+	for _, job := range jobs {
+		admit(t, m, testJob(m, job))
+		enrollWorkers(t, m, ifindex, job)
+	}
+}
+
+func (s *sw) counters(t testing.TB) maps.Counters {
 	t.Helper()
 	c, err := s.Maps.ReadCounters()
 	if err != nil {

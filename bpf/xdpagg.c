@@ -6,16 +6,21 @@
  *
  *   xdpagg_switch  ingress on every switch port. Sums MSG_DATA fragments into aggregator slots,
  *                  broadcasts completed sums (and the PS's results) to the job's workers, sends
- *                  what it cannot sum on to the parameter server, passes everything else to the
- *                  kernel, which routes it like an ordinary L3 switch.
+ *                  what it cannot sum on to the parameter server, and passes everything else to
+ *                  the kernel, which routes it like an ordinary L3 switch. First it drops what no
+ *                  host may send (docs/security.md): sources the port may not use (strict uRPF),
+ *                  xdpagg traffic with IP options, fragments or a bad checksum, and control
+ *                  messages over the port's budget.
  *   xdpagg_egress  devmap program run on each broadcast copy: rewrites addresses for the member of
  *                  the job behind that port, drops the copy where the job has no member.
  *   xdpagg_pass    XDP_PASS, for veth peers: a veth only accepts XDP_REDIRECT/XDP_TX frames when
  *                  its peer runs an XDP program.
+ *   xdpagg_gc      never attached: the agent's slot garbage collector, run with BPF_PROG_TEST_RUN.
  *
  * Switch constraints we emulate (docs/design.md): every loop has a named constant bound; each
  * register map (slots, members, counters) is looked up at most once per packet pass; one
- * bpf_spin_lock guards all fields of a slot; big temporaries live in a per-CPU scratch map.
+ * bpf_spin_lock guards all fields of a slot; the adder works in place in the packet, and only the
+ * partial last chunk of values goes through a per-CPU scratch map.
  */
 #include <linux/bpf.h>
 #include <bpf_helpers.h>
@@ -151,7 +156,7 @@ struct {
 	__type(value, struct scratch);
 } scratch_buf SEC(".maps");
 
-/* Offsets of a linear xdpagg packet: IPv4 without options (anything else is not ours). */
+/* Offsets of a linear xdpagg packet: IPv4 without options (xdpagg traffic with options is dropped). */
 #define OFF_IP (sizeof(struct ethhdr))
 #define OFF_UDP (OFF_IP + sizeof(struct iphdr))
 #define OFF_HDR (OFF_UDP + sizeof(struct udphdr))
@@ -843,7 +848,9 @@ static __always_inline int handle_result(struct xdp_md *ctx, struct counters *ct
 		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;
 	}
-	/* Only the job's PS may answer for it: no one else can free its slots or feed its workers. */
+	/* Only the job's PS may answer for it: no one else can complete or free its slots in use, or
+	 * feed its workers. (Any admitted job's PS result frees a slot idle past the timeout at its
+	 * index, as ATP does; an idle slot is free for anyone anyway.) */
 	__u32 job_id = h->job_id;
 	struct job *j = bpf_map_lookup_elem(&jobs, &job_id);
 	if (!j || j->ps_ip != p->ip->saddr || j->ps_port != p->udp->source || j->ps_ifindex != ctx->ingress_ifindex) {
@@ -880,8 +887,9 @@ static __always_inline int handle_result(struct xdp_md *ctx, struct counters *ct
 
 /* Account len bytes arriving at the port to its phantom queue, which drains at port_rate_Bps.
  * Returns nonzero when the backlog is over ecn_threshold_bytes: the link into this port carries
- * more than its capacity (whoever sends it: TCP counts too). Every packet is accounted, so the
- * XDP program sees the port's whole arrival rate, not just xdpagg's. */
+ * more than its capacity (whoever sends it: TCP counts too). Accounted: every frame passed to the
+ * kernel and every xdpagg DATA packet, so the program sees nearly the port's whole arrival rate;
+ * RESULTs, control messages and dropped frames are not. */
 static __always_inline int port_congested(struct xdp_md *ctx, __u64 len, int data)
 {
 	__u32 ifindex = ctx->ingress_ifindex;
@@ -1097,6 +1105,7 @@ int xdpagg_gc(struct xdp_md *ctx)
 	if ((void *)(a + 1) > data_end)
 		return XDP_ABORTED;
 	a->freed = freed;
+	a->now_ns = now;
 	return XDP_PASS;
 }
 

@@ -59,16 +59,16 @@ enum msg_type {
 	MSG_RESULT = 2,  /* switch/PS -> workers: the complete sum of a fragment (ATP's parameter/ACK packet) */
 	MSG_JOIN = 3,    /* control: worker asks to join a job (iSwitch Join) */
 	MSG_LEAVE = 4,   /* control: worker leaves a job (iSwitch Leave) */
-	MSG_RESET = 5,   /* control: forget a job's slots and membership (iSwitch Reset) */
+	MSG_RESET = 5,   /* reserved (iSwitch Reset): dropped as malformed today */
 	MSG_ACK = 6,     /* control: acknowledgement of a control message or of a result (retransmit cache) */
 	MSG_RETRANSMIT = 7, /* control: worker asks the switch CPU for a cached result */
-	MSG_HEARTBEAT = 8,  /* control: liveness between agent and controller (Libra failover) */
+	MSG_HEARTBEAT = 8,  /* reserved (controller liveness, Libra failover): dropped as malformed today */
 };
 
 /* Value encodings (hdr.encoding). */
 enum encoding {
 	ENC_FIXED32 = 0, /* int32 fixed point: value = round(x * 2^scale_log2); summed in-switch */
-	ENC_FLOAT32 = 1, /* IEEE-754 binary32; summed at the PS (overflow repair), in-switch later */
+	ENC_FLOAT32 = 1, /* IEEE-754 binary32; summed at the PS (overflow repair); in-switch sums reserved */
 	ENC_SPARSE_KV = 2, /* reserved for hot-parameter aggregation: dropped as malformed today */
 };
 
@@ -77,7 +77,7 @@ enum flag {
 	F_RESEND = 1 << 0,    /* retransmitted fragment: switch answers from a completed slot, never reserves */
 	F_COLLISION = 1 << 1, /* the switch could not aggregate (slot held by another <job,seq>): PS sums it */
 	F_ECN = 1 << 2,       /* congestion seen on the path; copied into the result for the workers' AIMD */
-	F_OVERFLOW = 1 << 3,  /* a fixed-point sum saturated (or a value could not be quantised): PS repairs */
+	F_OVERFLOW = 1 << 3,  /* a fixed-point sum overflowed (the switch wraps, the PS saturates) or a value could not be quantised: PS repairs */
 	F_LEVEL1 = 1 << 4,    /* already aggregated by a first-level switch: use bitmap1/fan_in1 (ATP edgeSwitchId) */
 	F_FROM_SWITCH = 1 << 5, /* result produced by the switch (vs. the PS): diagnostics and counters */
 	F_SHADOW = 1 << 6,    /* result re-sent from a completed slot's shadow copy to one worker */
@@ -100,7 +100,8 @@ struct hdr {
 	__u32 seq;       /* fragment sequence number within the job, monotonic across allreduces (wraps, serial arithmetic) */
 	__u32 agg_index; /* aggregator slot in the switch pool; must be < pool size */
 	__u32 bitmap0;   /* first-level contributors: one bit per worker (1 << worker_id) */
-	__u32 bitmap1;   /* second-level contributors: one bit per first-level switch */
+	__u32 bitmap1;   /* with F_LEVEL1: second-level contributors; else in DATA the sender's window, in a PS
+			  * RESULT with F_REHASH the new slot (docs/protocol.md) */
 	__u8 fan_in0;    /* workers that complete a first-level sum */
 	__u8 fan_in1;    /* first-level switches that complete a second-level sum (0 = single level) */
 	__u8 worker_id;  /* sender's id within the job, 0..31 (membership / anti-spoofing) */
@@ -186,7 +187,7 @@ struct worker {
 };
 
 /*
- * A job admitted by the operator (`xdpagg job add`, maps.PutJob): map `jobs`, HASH keyed by job_id
+ * A job admitted by the operator (`xdpagg job add`, maps.AddJob): map `jobs`, HASH keyed by job_id
  * (u32, host order). Nothing of a job exists before admission: JOINs, DATA and RESULTs of an
  * unknown job are dropped. Only the control plane writes it, except `held`, which the datapath
  * and the garbage collector change with atomic adds.
@@ -238,6 +239,7 @@ struct gc_args {
 	__u32 count;  /* slots to visit, at most XAGG_GC_BATCH */
 	__u32 job_id; /* 0: free slots idle past the slot timeout; else: free every slot of this job */
 	__u32 freed;  /* out: slots freed */
+	__u64 now_ns; /* out: the datapath's clock (bpf_ktime_get_ns), which ages slots */
 };
 
 /*
@@ -297,10 +299,11 @@ struct cache_stats {
  * Source validation comes first: an IPv4 or ARP frame whose source address the ingress port may
  * not send counts in CNT_SPOOFED alone. Every other packet at the aggregation port counts in
  * CNT_RX and in exactly one verdict: AGGREGATED, DUPLICATE, TO_PS, MALFORMED, IP_INVALID,
- * NOT_MEMBER, PS_RESULT, SHADOW_TX, CONTROL, CTL_LIMITED, or REDIRECT_ERR when a broadcast
- * fails. COMPLETED, COLLISION, OVERFLOW, RECLAIMED, FLUSHED, CACHED, CACHE_FULL, ECN_MARKED and
- * OVER_QUOTA count events on top of a verdict; EGRESS_* count broadcast copies per port;
- * NON_AGG counts the other frames that pass source validation.
+ * NOT_MEMBER, PS_RESULT, SHADOW_TX, CONTROL or CTL_LIMITED (bar the XDP_ABORTED paths, which
+ * cannot happen for a frame that parsed). COMPLETED, COLLISION, OVERFLOW, RECLAIMED, FLUSHED,
+ * CACHED, CACHE_FULL, ECN_MARKED, OVER_QUOTA and REDIRECT_ERR count events on top of a verdict;
+ * EGRESS_* count broadcast copies per port; NON_AGG counts the other frames that pass source
+ * validation.
  */
 enum counter {
 	CNT_RX = 0,          /* xdpagg packets (UDP to the aggregation port) seen at ingress */
@@ -308,16 +311,16 @@ enum counter {
 	CNT_COMPLETED,       /* sums completed in-switch and broadcast to the job */
 	CNT_DUPLICATE,       /* data packets whose contributor was already in the slot: dropped */
 	CNT_COLLISION,       /* data packets sent on to the PS because the slot was held by another <job,seq> */
-	CNT_OVERFLOW,        /* completed sums that saturated: broadcast with F_OVERFLOW for PS repair */
+	CNT_OVERFLOW,        /* completed sums that overflowed (or had a flagged contribution): broadcast with F_OVERFLOW for PS repair */
 	CNT_TO_PS,           /* data packets sent on to the PS for any reason (collision, encoding, resend) */
 	CNT_MALFORMED,       /* truncated, lying lengths, bad version/type/encoding/index: dropped */
 	CNT_NON_AGG,         /* not xdpagg traffic: passed to the kernel to be forwarded or delivered */
 	CNT_PS_RESULT,       /* results from the PS broadcast to the job */
 	CNT_SHADOW_TX,       /* retransmitted fragments answered from a completed slot (shadow copy) */
-	CNT_RECLAIMED,       /* abandoned slots (completed or half-filled) reclaimed after the timeout */
+	CNT_RECLAIMED,       /* slots taken over by a packet: idle past the timeout (any job), or the job's own older half-filled one; not the agent's GC */
 	CNT_EGRESS_TX,       /* result copies rewritten and sent out a member port */
 	CNT_EGRESS_SKIP,     /* result copies dropped on ports with no member of the job */
-	CNT_REDIRECT_ERR,    /* broadcast redirects that failed */
+	CNT_REDIRECT_ERR,    /* broadcasts bpf_redirect_map refused (copies lost later are not seen here) */
 	CNT_CONTROL,         /* control messages passed up to the agent */
 	CNT_NOT_MEMBER,      /* DATA from a non-member or with a spoofed id/bit, RESULTs not from the job's PS: dropped */
 	CNT_FLUSHED,         /* resends that flushed a half-filled slot's partial aggregate to the PS (ATP) */

@@ -115,6 +115,7 @@ type XdpaggGcArgs struct {
 	Count uint32
 	JobId uint32
 	Freed uint32
+	NowNs uint64
 }
 
 type XdpaggHdr struct {

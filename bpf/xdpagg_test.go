@@ -104,9 +104,17 @@ func TestSwitchNonAggregation(t *testing.T) {
 		{"ICMP", udp.with(func(f *frame) { f.Proto = 1; f.Payload = []byte{8, 0, 0, 0, 0, 1, 0, 1, 'p', 'i', 'n', 'g'} })},
 		{"UDP to another port", udp.with(func(f *frame) { f.DstPort = 53 })},
 		{"UDP from the agg port to another port", udp.with(func(f *frame) { f.SrcPort = aggPort; f.DstPort = aggPort + 1 })},
-		{"IPv4 first fragment (MF) to the agg port", udp.with(func(f *frame) { f.FragOff = 0x2000 })},
-		{"IPv4 later fragment (offset) to the agg port", udp.with(func(f *frame) { f.FragOff = 0x00b9 })},
-		{"IPv4 with options to the agg port", udp.with(func(f *frame) { f.IHL = 6 })},
+		// Fragments and options to the agg port are dropped (TestSwitchIPInvalid); a later
+		// fragment shows no port, and to other ports both are the kernel's business.
+		{"IPv4 later fragment (offset, MF) to the agg port", udp.with(func(f *frame) { f.FragOff = 0x2000 | 0x00b9 })},
+		{"IPv4 last fragment (offset, no MF) to the agg port", udp.with(func(f *frame) { f.FragOff = 0x00b9 })},
+		{"IPv4 later fragment with options", udp.with(func(f *frame) { f.FragOff = 0x0001; f.IHL = 7 })},
+		{"IPv4 first fragment (MF) to another port", udp.with(func(f *frame) { f.FragOff = 0x2000; f.DstPort = 53 })},
+		{"IPv4 with options to another port", udp.with(func(f *frame) { f.IHL = 6; f.DstPort = 53 })},
+		{"IPv4 with 40 bytes of options to another port", udp.with(func(f *frame) { f.IHL = 15; f.DstPort = 53 })},
+		{"bad IPv4 checksum to another port", udp.with(func(f *frame) { f.BadIPCsum = true; f.DstPort = 53 })},
+		{"IPv4 header length below 5 to the agg port", udp.with(func(f *frame) { f.IHL = 4 })},
+		{"IPv4 options longer than the frame", udp.with(func(f *frame) { f.IHL = 15; f.Truncate = offIP + 40 })},
 		{"IP version 6 in an IPv4 ethertype", udp.with(func(f *frame) { f.IPVersion = 6 })},
 		{"frame cut inside the IPv4 header", udp.with(func(f *frame) { f.Truncate = offIP + 10 })},
 		{"frame cut inside the UDP header", udp.with(func(f *frame) { f.Truncate = offUDP + 4 })},
@@ -180,6 +188,27 @@ func TestSwitchMalformed(t *testing.T) {
 		{"result with job 0", resultFrame(0, 1, 0, 2, 5, 6)},
 		{"result with agg_index == pool size", resultFrame(1, 1, poolSize, 2, 5, 6)},
 		{"result with encoding 7", resultFrame(1, 1, 0, 2, 5, 6).with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = 7 }))},
+		// Reserved encodings and message types: nothing handles them yet.
+		{"ENC_SPARSE_KV data", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV })},
+		{"ENC_SPARSE_KV data with F_RESEND", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV; h.Flags = fResend })},
+		{"ENC_SPARSE_KV result", resultFrame(1, 1, 0, 2, 5, 6).with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV }))},
+		{"MSG_RESET (reserved)", hdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_RESET) })},
+		{"MSG_HEARTBEAT (reserved)", hdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT) })},
+		{"MSG_RESET without values", base.with(func(f *frame) { f.Hdr.Type = uint8(bpf.XdpaggMsgTypeMSG_RESET); f.Hdr.Count = 0; f.Vals = nil })},
+		{"MSG_HEARTBEAT without values", base.with(func(f *frame) { f.Hdr.Type = uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT); f.Hdr.Count = 0; f.Vals = nil })},
+		// Bytes after the IPv4 total length: an xdpagg frame is longer than Ethernet's minimum,
+		// so it never carries link padding.
+		{"1 trailing byte", base.with(func(f *frame) { f.Pad = 1 })},
+		{"6 trailing bytes", base.with(func(f *frame) { f.Pad = 6 })},
+		{"a whole value of trailing bytes", base.with(func(f *frame) { f.Pad = 4 })},
+		{"trailing bytes after a result", resultFrame(1, 1, 0, 2, 5, 6).with(func(f *frame) { f.Pad = 2 })},
+		{"trailing bytes after a control message", base.with(func(f *frame) {
+			f.Hdr.Type = uint8(bpf.XdpaggMsgTypeMSG_JOIN)
+			f.Hdr.Count = 0
+			f.Vals = nil
+			f.Pad = 3
+		})},
+		{"lengths agree, one byte short of the frame", base.with(func(f *frame) { f.UDPLen = realUDP - 1; f.IPLen = realIP - 1 })},
 	}
 	s := load(t, 0)
 	for _, c := range cases {
@@ -196,20 +225,24 @@ func TestSwitchMalformed(t *testing.T) {
 
 // ---- 13. control messages ----
 
+// Control messages (JOIN, LEAVE, ACK, RETRANSMIT) within their port's budget go up to the agent
+// untouched; MSG_RESET and MSG_HEARTBEAT are reserved and dropped as malformed.
 func TestSwitchControl(t *testing.T) {
 	s := load(t, 0)
 	for typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN); typ <= uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT); typ++ {
+		reserved := typ == uint8(bpf.XdpaggMsgTypeMSG_RESET) || typ == uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT)
 		for _, body := range [][]int32{nil, {7, 8}} {
-			in := dataFrame(1, 0, 0, 0, 1).with(func(f *frame) {
-				f.DstIP = [4]byte{10, 0, 1, 1} // the switch's own address
-				f.Hdr.Type = typ
-				f.Hdr.Count = 0
-				f.Hdr.AggIndex = 1 << 20 // not checked for control messages
-				f.Vals = body
-			})
+			in := controlFrame(typ, body...)
 			t.Run(fmt.Sprintf("type %d with %d values", typ, len(body)), func(t *testing.T) {
 				b := in.bytes()
 				got, out := runProg(t, s.Objects.XdpaggSwitch, b)
+				if reserved {
+					if got != xdpDrop {
+						t.Errorf("type %d: verdict %s, want XDP_DROP", typ, verdictName(got))
+					}
+					s.expectDelta(t, cnt{maps.CntRx: 1, maps.CntMalformed: 1})
+					return
+				}
 				if got != xdpPass {
 					t.Errorf("type %d: verdict %s, want XDP_PASS", typ, verdictName(got))
 				}
@@ -219,6 +252,17 @@ func TestSwitchControl(t *testing.T) {
 			})
 		}
 	}
+}
+
+// controlFrame is a control message of type typ from worker 0 to the switch's own address.
+func controlFrame(typ uint8, body ...int32) frame {
+	return dataFrame(1, 0, 0, 0, 1).with(func(f *frame) {
+		f.DstIP = [4]byte{10, 0, 1, 1} // the switch's own address
+		f.Hdr.Type = typ
+		f.Hdr.Count = 0
+		f.Hdr.AggIndex = 1 << 20 // not checked for control messages
+		f.Vals = body
+	})
 }
 
 // ---- 16. xdpagg_pass ----
@@ -514,16 +558,15 @@ func TestSwitchScenarios(t *testing.T) {
 				want:  ptr(asResult(w0.with(flags(fResend)), 3, fFromSwitch, s01)),
 				delta: cnt{rx: 1, agg: 1, done: 1}, idx: 3, slot: complete(7, 100, 3, 2, 2, 4, 0), vals: s01},
 		}},
-		{name: "float32 and sparse data go to the PS untouched", steps: []step{
+		{name: "float32 data goes to the PS untouched, sparse is malformed", steps: []step{
 			{name: "ENC_FLOAT32", in: w0.with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encFloat32 })), verdict: xdpPass,
 				want:  ptr(asToPS(w0.with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encFloat32 })), 0)),
 				delta: cnt{rx: 1, tops: 1}, idx: 3, slot: &slotView{}},
 			{name: "ENC_FLOAT32 repair with F_OVERFLOW", in: w0.with(flags(fOverflow), setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encFloat32 })), verdict: xdpPass,
 				want:  ptr(asToPS(w0.with(flags(fOverflow), setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encFloat32 })), 0)),
 				delta: cnt{rx: 1, tops: 1}, idx: 3, slot: &slotView{}},
-			{name: "ENC_SPARSE_KV", in: w0.with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV })), verdict: xdpPass,
-				want:  ptr(asToPS(w0.with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV })), 0)),
-				delta: cnt{rx: 1, tops: 1}, idx: 3, slot: &slotView{}},
+			{name: "ENC_SPARSE_KV is reserved: malformed", in: w0.with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV })), verdict: xdpDrop,
+				delta: cnt{rx: 1, bad: 1}, idx: 3, slot: &slotView{}},
 			{name: "fixed32 already diverted upstream (F_COLLISION)", in: w0.with(flags(fCollision)), verdict: xdpPass,
 				want: ptr(asToPS(w0.with(flags(fCollision)), 0)), delta: cnt{rx: 1, tops: 1}, idx: 3, slot: &slotView{}},
 			{name: "float32 sent without UDP checksum", in: w0.with(func(f *frame) { f.Hdr.Encoding = encFloat32; f.NoUDPCsum = true }), verdict: xdpPass,
@@ -594,8 +637,12 @@ func TestSwitchScenarios(t *testing.T) {
 				want:  ptr(asToPS(dataFrame(2, 1, 0, 0, 2, 7), fCollision)),
 				delta: cnt{rx: 1, coll: 1, tops: 1}, idx: 0, slot: complete(1, 1, 1, 1, 1, 1, 0), vals: []int32{5}},
 		}},
-		{name: "link padding after the datagram is accepted", steps: []step{
-			{name: "padded worker 0", in: w0.with(func(f *frame) { f.Pad = 6 }), verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
+		{name: "trailing bytes after the datagram are malformed, and touch no slot", steps: []step{
+			{name: "padded worker 0", in: w0.with(func(f *frame) { f.Pad = 6 }), verdict: xdpDrop, delta: cnt{rx: 1, bad: 1},
+				idx: 3, slot: &slotView{}},
+			{name: "worker 0 without padding", in: w0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
+				idx: 3, slot: aggregating(7, 100, 1, 1, 2, 4, 0), vals: w0.Vals},
+			{name: "padded worker 1 does not complete", in: w1.with(func(f *frame) { f.Pad = 1 }), verdict: xdpDrop, delta: cnt{rx: 1, bad: 1},
 				idx: 3, slot: aggregating(7, 100, 1, 1, 2, 4, 0), vals: w0.Vals},
 		}},
 	}
@@ -622,8 +669,8 @@ func TestPhantomQueueECN(t *testing.T) {
 		cfg  loader.Config
 		mark bool
 	}{
-		{"off", loader.Config{PoolSize: poolSize}, false},
-		{"1 KB/s, 200-byte threshold", loader.Config{PoolSize: poolSize, PortRate: 1000, ECNThreshold: 200}, true},
+		{"off", loader.Config{PoolSize: poolSize, NoSourceCheck: true}, false},
+		{"1 KB/s, 200-byte threshold", loader.Config{PoolSize: poolSize, PortRate: 1000, ECNThreshold: 200, NoSourceCheck: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sl, err := loader.Load(tc.cfg)

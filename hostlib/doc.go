@@ -6,6 +6,14 @@
 // The wire format is defined once, in bpf/xdpagg.h; this package uses the Go types bpf2go
 // generates from it (bpf.XdpaggHdr and the enums) and never redefines a field.
 //
+// Trust: a Worker takes results only from its PS's address and port (which the switch's results
+// carry) and, after Join, from the switch agent; its control messages (JOIN, LEAVE, ACK,
+// RETRANSMIT) and the agent's acknowledgements are authenticated with the job's key (package
+// ctlauth, WorkerConfig.JobKey). A PS sums DATA only from the members of the jobs it is given
+// (PSConfig.Jobs), and bounds each job's share of its memory. Whatever fails these checks is
+// dropped and counted (WorkerStats.Foreign, Unauthenticated, Replayed; PSStats.UnknownJob,
+// NotMember, OverQuota).
+//
 // hostlib never logs and never exits the process: everything goes back to the caller as an error
 // wrapping one of the sentinel errors below, or as a counter in Stats.
 package hostlib

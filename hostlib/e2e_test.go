@@ -33,9 +33,12 @@ func freePort(t testing.TB) uint16 {
 }
 
 // fakeSwitch stands in for the XDP switch's broadcast: every RESULT it receives (from the PS) goes
-// out to every worker's address, each copy dropped with probability drop.
+// out to every worker's address, each copy dropped with probability drop. Like the switch, it
+// sends them with the PS's address and port as source: through the PS's own socket (out), since
+// workers take results from nowhere else.
 type fakeSwitch struct {
 	conn    *net.UDPConn
+	out     *net.UDPConn // a socket bound to the PS's address (the PS's own)
 	workers []netip.AddrPort
 	drop    float64
 	rng     *rand.Rand
@@ -77,7 +80,7 @@ func (s *fakeSwitch) run() {
 				s.dropped++
 				continue
 			}
-			_, _ = s.conn.WriteToUDPAddrPort(buf[:n], w)
+			_, _ = s.out.WriteToUDPAddrPort(buf[:n], w)
 		}
 		s.mu.Unlock()
 	}
@@ -111,24 +114,32 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 		o.job = 42
 	}
 	c := &cluster{sw: newFakeSwitch(t, o.drop, uint64(o.w)), psErr: make(chan error, 1)}
-	pscfg := PSConfig{Listen: netip.AddrPortFrom(loopback, freePort(t)), Switch: c.sw.addr()}
-	if o.psConfig != nil {
-		o.psConfig(&pscfg)
-	}
-	ps, err := NewPS(pscfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.ps = ps
+	// The workers first (on ports of their own), so that the PS can admit exactly them.
+	listen := netip.AddrPortFrom(loopback, freePort(t))
+	job := PSJob{ID: o.job}
 	for i := 0; i < o.w; i++ {
 		wk, err := NewWorker(WorkerConfig{JobID: o.job, WorkerID: uint8(i), NumWorkers: uint8(o.w),
-			Local: netip.AddrPortFrom(loopback, 0), PS: ps.LocalAddr(), PoolSize: o.pool, Window: o.window})
+			Local: netip.AddrPortFrom(loopback, 0), PS: listen, PoolSize: o.pool, Window: o.window})
 		if err != nil {
 			t.Fatal(err)
 		}
 		c.workers = append(c.workers, wk)
 		c.sw.workers = append(c.sw.workers, wk.LocalAddr())
+		job.Workers = append(job.Workers, wk.LocalAddr())
 	}
+	pscfg := PSConfig{Listen: listen, Switch: c.sw.addr(), Jobs: []PSJob{job}}
+	if o.psConfig != nil {
+		o.psConfig(&pscfg)
+	}
+	ps, err := NewPS(pscfg)
+	if err != nil {
+		for _, w := range c.workers {
+			w.Close()
+		}
+		t.Fatal(err)
+	}
+	c.ps = ps
+	c.sw.out = ps.socks[0].bc.conn
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { c.psErr <- ps.Serve(ctx) }()
 	go c.sw.run()

@@ -8,51 +8,77 @@ import (
 	"net/netip"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 )
 
 const msgAck = uint8(bpf.XdpaggMsgTypeMSG_ACK)
 
 // Join registers this worker with the switch's agent (iSwitch's Join): the switch learns where
-// the job's results must reach this worker — the packet's source address and arrival port, mac
-// (this worker's MAC on its link to the switch) and resultIP (the source address results carry,
-// normally the PS). sw is the switch's own address on this worker's subnet and the xdpagg port.
-// The message is resent until the agent acknowledges it or ctx ends.
-func (w *Worker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr, resultIP netip.Addr) error {
-	return w.control(ctx, uint8(bpf.XdpaggMsgTypeMSG_JOIN), sw, mac, resultIP)
+// the job's results must reach this worker — the packet's source address and arrival port, and
+// mac (this worker's MAC on its link to the switch). sw is the switch's own address on this
+// worker's subnet and the xdpagg port. The job must have been admitted at the switch (`xdpagg job
+// add`), and WorkerConfig.JobKey must hold the key that printed: the JOIN is authenticated with it
+// (ctlauth), and so must be the agent's MSG_ACK, which has to come from sw. Results always carry
+// the admitted PS's address: a JOIN cannot choose another (its body's result_ip is 0).
+//
+// The message is resent, freshly stamped, until the agent acknowledges it or ctx ends. Without a
+// valid JobKey it fails at once with ErrConfig. After a Join the worker also accepts results
+// from sw (the agent's retransmit cache) besides the PS.
+func (w *Worker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
+	return w.control(ctx, uint8(bpf.XdpaggMsgTypeMSG_JOIN), sw, mac)
 }
 
-// Leave removes this worker from the switch's members of its job.
-func (w *Worker) Leave(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr, resultIP netip.Addr) error {
-	return w.control(ctx, uint8(bpf.XdpaggMsgTypeMSG_LEAVE), sw, mac, resultIP)
+// Leave removes this worker from the switch's members of its job, authenticated like Join.
+func (w *Worker) Leave(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
+	return w.control(ctx, uint8(bpf.XdpaggMsgTypeMSG_LEAVE), sw, mac)
 }
 
-func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac net.HardwareAddr, resultIP netip.Addr) error {
+func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac net.HardwareAddr) error {
+	if len(w.cfg.JobKey) != ctlauth.KeySize {
+		return fmt.Errorf("%w: JobKey has %d bytes: control messages need the job's %d-byte key (`xdpagg job add` prints it)",
+			ErrConfig, len(w.cfg.JobKey), ctlauth.KeySize)
+	}
 	if len(mac) != 6 {
 		return fmt.Errorf("%w: MAC %v: need a 6-byte Ethernet address", ErrConfig, mac)
 	}
-	if !resultIP.Is4() || !sw.Addr().Is4() {
-		return fmt.Errorf("%w: switch %v and result source %v must be IPv4", ErrConfig, sw, resultIP)
+	sw = netip.AddrPortFrom(sw.Addr().Unmap(), sw.Port())
+	if !sw.Addr().Is4() || sw.Addr().IsUnspecified() || sw.Port() == 0 {
+		return fmt.Errorf("%w: switch %v: use the switch's IPv4 address on this worker's subnet and the xdpagg port", ErrConfig, sw)
 	}
 	nonce := uint32(time.Now().UnixNano())
 	h := bpf.XdpaggHdr{Version: bpf.Version, Type: typ, JobId: w.cfg.JobID, Seq: nonce,
 		FanIn0: w.cfg.NumWorkers, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID}
-	var body bpf.XdpaggJoinBody
+	var body bpf.XdpaggJoinBody // result_ip 0: the switch uses the job's admitted PS
 	copy(body.Mac[:], mac)
-	ip := resultIP.As4()
-	body.ResultIp = binary.LittleEndian.Uint32(ip[:]) // network-order bytes in memory
-	pkt := make([]byte, bpf.HdrSize, bpf.HdrSize+12)
-	EncodeHeader(pkt, &h)
-	pkt, err := binary.Append(pkt, binary.LittleEndian, &body)
+	msg := make([]byte, bpf.HdrSize, bpf.HdrSize+12+ctlauth.TrailerSize)
+	EncodeHeader(msg, &h)
+	msg, err := binary.Append(msg, binary.LittleEndian, &body)
 	if err != nil {
 		return fmt.Errorf("encode control body: %w", err)
 	}
+	pkt := make([]byte, 0, len(msg)+ctlauth.TrailerSize)
 
+	swRaw := sockaddr4(sw)
 	w.mu.Lock()
 	w.ackWant, w.ackGot = nonce, false
+	w.ackFrom, w.ackPending = swRaw, true
 	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.ackPending = false
+		w.mu.Unlock()
+	}()
 	wait := 50 * time.Millisecond
 	for {
+		// Every send gets a fresh stamp: the agent refuses a stamp it has seen (a resend after a
+		// lost ACK would otherwise be taken for a replay).
+		pkt, err = ctlauth.Seal(w.cfg.JobKey, append(pkt[:0], msg...), w.stamper.Next())
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
 		if _, err := w.bc.conn.WriteToUDPAddrPort(pkt, sw); err != nil {
 			return fmt.Errorf("send control message to %v: %w", sw, err)
 		}
@@ -70,19 +96,86 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 			case <-w.kick:
 				w.mu.Lock()
 				got := w.ackGot
+				if got {
+					// From now on, results this worker misses are asked of the switch agent's
+					// retransmit cache first, and its answers accepted; LEAVE turns that off.
+					w.ctrl, w.ctrlSet = sw, typ == uint8(bpf.XdpaggMsgTypeMSG_JOIN)
+					w.ctrlRaw = swRaw
+				}
 				w.mu.Unlock()
 				if got {
 					t.Stop()
-					// From now on, results this worker misses are asked of the switch agent's
-					// retransmit cache first; LEAVE turns that off.
-					w.mu.Lock()
-					w.ctrl, w.ctrlSet = sw, typ == uint8(bpf.XdpaggMsgTypeMSG_JOIN)
-					w.ctrlRaw = sockaddr4(sw)
-					w.mu.Unlock()
 					return nil
 				}
 			}
 		}
 		wait = min(2*wait, time.Second)
+	}
+}
+
+// sealCtl appends the authentication trailer to the control message buf[:bpf.HdrSize] in place
+// (buf has room for it) and returns the sealed message, or nil if the worker has no valid key.
+// Called with mu held, so stamps follow the order messages are queued in.
+func (w *Worker) sealCtl(buf []byte) []byte {
+	out, err := ctlauth.Seal(w.cfg.JobKey, buf[:bpf.HdrSize], w.stamper.Next())
+	if err != nil {
+		return nil // unreachable: ctrlSet needs a successful Join, which needs a valid key
+	}
+	return out
+}
+
+// sameSource reports whether a datagram's source (as recvmmsg wrote it) is the address a.
+func sameSource(from, a *unix.RawSockaddrInet4) bool {
+	return from.Family == unix.AF_INET && from.Port == a.Port && from.Addr == a.Addr
+}
+
+// handleAck applies an MSG_ACK (b, parsed into h) that came from `from`: the answer to a pending
+// Join/Leave, or a retransmit-cache miss. It is accepted only from the switch address the worker
+// sent its control messages to, authenticated under JobKey, with a stamp newer than the last one
+// accepted from that address, for this job and worker id. Called with mu held.
+func (w *Worker) handleAck(b []byte, h *bpf.XdpaggHdr, from *unix.RawSockaddrInet4) {
+	var agent unix.RawSockaddrInet4
+	switch {
+	case w.ackPending && sameSource(from, &w.ackFrom):
+		agent = w.ackFrom
+	case w.ctrlSet && sameSource(from, &w.ctrlRaw):
+		agent = w.ctrlRaw
+	default:
+		w.st.foreign.Add(1)
+		return
+	}
+	if len(w.cfg.JobKey) != ctlauth.KeySize {
+		w.st.unauth.Add(1)
+		return
+	}
+	msg, stamp, err := ctlauth.Open(w.cfg.JobKey, b)
+	if err != nil {
+		w.st.unauth.Add(1)
+		return
+	}
+	if len(msg) != bpf.HdrSize || h.Count != 0 || h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID {
+		w.st.malformed.Add(1) // authentic, but not an answer to this worker
+		return
+	}
+	if err := w.replay.Check(agent, stamp); err != nil {
+		w.st.replayed.Add(1)
+		return
+	}
+	w.st.ctlAcks.Add(1)
+	if w.ackPending && h.Seq == w.ackWant {
+		w.ackGot = true
+		return
+	}
+	if !w.ctrlSet || !sameSource(from, &w.ctrlRaw) {
+		return
+	}
+	// The agent's answer to a retransmit request it could not serve.
+	op := &w.op
+	off := int64(h.Seq - uint32(op.seqBase))
+	if op.active && off >= int64(op.low) && off < int64(op.next) {
+		if f := &op.ring[int(off)%len(op.ring)]; f.idx == int(off) && f.askedCache && f.state == fragFixed {
+			w.st.cacheMisses.Add(1) // not complete yet (or evicted): the data timer decides
+			delete(w.cacheAt, h.Seq)
+		}
 	}
 }

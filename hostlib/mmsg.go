@@ -192,6 +192,8 @@ func (c *batchConn) recv() (int, error) {
 		c.rmsgs[i].Hdr.Namelen = unix.SizeofSockaddrInet4 // the kernel overwrites these per call
 		c.rmsgs[i].Hdr.Flags = 0
 	}
+	// Source checks read rfrom: a name the kernel did not write must not be the previous batch's.
+	clear(c.rnames)
 	if err := c.rc.Read(c.readFn); err != nil {
 		return 0, err
 	}
@@ -211,7 +213,8 @@ func (c *batchConn) rpkt(i int) ([]byte, error) {
 	return c.rbuf[i*rslot : i*rslot+int(m.Len)], nil
 }
 
-// rfrom returns the source address of datagram i of the last recv.
+// rfrom returns the source address of datagram i of the last recv (all zero, family included,
+// if the kernel gave none).
 func (c *batchConn) rfrom(i int) *unix.RawSockaddrInet4 { return &c.rnames[i] }
 
 // free reports how many more messages fit in the send batch.

@@ -5,8 +5,10 @@ package hostlib
 //
 //	FuzzRingHandle    Ring.handle: a ring rank's DATA and selective ACKs (and the stash of the
 //	                  next call's packets, replayed when it starts)
-//	FuzzPSHandle      PS.handle: one datagram of a receive batch, against a model of the PS's sums
-//	FuzzWorkerResult  Worker.handleResult: one datagram of a receive batch (results, control ACKs)
+//	FuzzPSHandle      PS.handle: one datagram of a receive batch from a chosen source, against a
+//	                  model of the PS's admission (jobs, members, shares) and sums
+//	FuzzWorkerResult  Worker.handleResult: one datagram of a receive batch from a chosen source
+//	                  (results, and the switch agent's authenticated ACKs)
 //
 // Each input is a sequence of datagrams (fzSplit). The engines are built over loopback sockets
 // but without their receive goroutines, so the test calls the entry point itself, in order, and
@@ -30,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 )
 
 // fzMaxDatagrams bounds a sequence: inputs stay cheap to run and to minimize.
@@ -384,7 +387,9 @@ func FuzzRingHandle(f *testing.F) {
 // ---- Worker ----
 
 // The fuzzed worker: worker 0 of job 3 (fan-in 2), 4 values per fragment, window 4 over a pool of
-// 16, a 30-value tensor (8 fragments, the last of 2 values).
+// 16, a 30-value tensor (8 fragments, the last of 2 values). With `joined` it has joined a switch
+// whose agent is at fzAgent, a Join is pending (nonce fzNonce) and fragment fzAskedFrag's result
+// was asked of the agent's cache.
 const (
 	fzWorkerJob    = 3
 	fzWorkerK      = 4
@@ -392,7 +397,34 @@ const (
 	fzWorkerPool   = 16
 	fzWorkerN      = 30
 	fzWorkerScale  = 20
+	fzNonce        = 0x5eed0001
+	fzAskedFrag    = 1
 )
+
+// fzKey is the fuzzed job's control key.
+var fzKey = func() []byte {
+	k := make([]byte, ctlauth.KeySize)
+	for i := range k {
+		k[i] = byte(i*7 + 1)
+	}
+	return k
+}()
+
+// Where a fuzzed worker's datagram comes from: two bits per datagram of the input's srcs.
+const (
+	fzFromPS        = iota // the worker's PS address and port
+	fzFromAgent            // the switch agent's address (control messages and cached results)
+	fzFromOtherPort        // the PS's host, another port
+	fzFromOtherIP          // another host, the PS's port
+)
+
+func fzSource(srcs uint32, i int) int { return int(srcs>>(2*(i%16))) & 3 }
+
+// fzWorkerAddrs are the addresses a fuzzed worker's datagrams come from, by fzFrom*.
+func fzWorkerAddrs(t *testing.T) [4]netip.AddrPort {
+	ps := fzSink(t, 2)
+	return [4]netip.AddrPort{ps, fzSink(t, 1), fzSink(t, 0), netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 2}), ps.Port())}
+}
 
 // fzResult is the result of fragment frag of the worker's first AllReduce (seq = frag).
 func fzResult(frag int, flags uint16, enc uint8, fill int32) []byte {
@@ -410,18 +442,32 @@ func fzResult(frag int, flags uint16, enc uint8, fill int32) []byte {
 		AggIndex: AggIndex(fzWorkerJob, uint64(frag), fzWorkerWindow, fzWorkerPool), Bitmap0: 0b11, FanIn0: 2}, vals...)
 }
 
+// fzAck is the agent's MSG_ACK of seq to worker `worker` of the fuzzed job, sealed under key with
+// stamp (nil key: no trailer).
+func fzAck(key []byte, seq uint32, worker uint8, stamp uint64) []byte {
+	b := fzPacket(bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: fzWorkerJob, Seq: seq, WorkerId: worker})
+	if key == nil {
+		return b
+	}
+	b, err := ctlauth.Seal(key, b, stamp)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
 // newFuzzWorker is a worker without its receive goroutine: NewWorker builds it, Close stops the
 // goroutine, and it gets a fresh socket that only the test drives. Its data goes to a sink.
 func newFuzzWorker(t *testing.T) *Worker {
 	t.Helper()
 	w, err := NewWorker(WorkerConfig{JobID: fzWorkerJob, WorkerID: 0, NumWorkers: 2, Local: netip.AddrPortFrom(loopback, 0),
 		PS: fzSink(t, 2), PoolSize: fzWorkerPool, Window: fzWorkerWindow, ScaleLog2: fzWorkerScale, Timeout: time.Hour,
-		ValuesPerPacket: fzWorkerK, SocketBuffer: 1 << 16, NoGSO: true})
+		ValuesPerPacket: fzWorkerK, SocketBuffer: 1 << 16, NoGSO: true, JobKey: fzKey})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
-	bc, err := listenBatch(netip.AddrPortFrom(loopback, 0), 1<<16, recvBatch, fzWorkerWindow)
+	bc, err := listenBatch(netip.AddrPortFrom(loopback, 0), 1<<16, recvBatch, fzWorkerWindow+1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,25 +476,53 @@ func newFuzzWorker(t *testing.T) *Worker {
 	return w
 }
 
+// fzSrcs builds a srcs word from per-datagram sources.
+func fzSrcs(from ...int) uint32 {
+	var s uint32
+	for i, f := range from {
+		s |= uint32(f&3) << (2 * i)
+	}
+	return s
+}
+
 func FuzzWorkerResult(f *testing.F) {
 	var all [][]byte
 	for frag := range (fzWorkerN + fzWorkerK - 1) / fzWorkerK {
 		all = append(all, fzResult(frag, 0, encFixed32, int32(frag)))
 	}
-	f.Add(fzJoin(all...))
+	f.Add(false, uint32(0), fzJoin(all...))
+	// The same from elsewhere: foreign, all of them; and from the agent, once joined (its cache).
+	f.Add(false, fzSrcs(fzFromOtherPort, fzFromOtherIP, fzFromAgent, fzFromPS, fzFromOtherIP), fzJoin(all[:5]...))
+	f.Add(true, fzSrcs(fzFromAgent, fzFromOtherPort, fzFromAgent, fzFromPS), fzJoin(fzResult(0, fCached, encFixed32, 1),
+		fzResult(1, fCached, encFixed32, 2), fzResult(2, fCached, encFixed32, 3), fzResult(3, 0, encFixed32, 4)))
 	// Overflow: the repair, then its float result; shadow and PS results; a duplicate.
-	f.Add(fzJoin(fzResult(1, fOverflow, encFixed32, 1), fzResult(1, fOverflow, encFixed32, 1), fzResult(1, 0, encFloat32, 7),
+	f.Add(false, uint32(0), fzJoin(fzResult(1, fOverflow, encFixed32, 1), fzResult(1, fOverflow, encFixed32, 1), fzResult(1, 0, encFloat32, 7),
 		fzResult(0, fShadow, encFixed32, 2), fzResult(0, 0, encFixed32, 2), fzResult(2, fCollision, encFixed32, -3)))
-	ack := fzPacket(bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: fzWorkerJob, Seq: 2, WorkerId: 0, Bitmap0: 1})
 	short := fzResult(7, 0, encFixed32, 1)
 	short[offCount] = 4 // the last fragment has 2 values
 	wrongSlot := fzResult(3, 0, encFixed32, 1)
 	wrongSlot[offAggIndex]++
-	f.Add(fzJoin(ack, short, wrongSlot, fzResult(9, 0, encFixed32, 1), fzResult(3, 0, encSparseKV, 1), []byte{1, 2, 3},
+	f.Add(false, uint32(0), fzJoin(fzAck(nil, 2, 0, 0), short, wrongSlot, fzResult(9, 0, encFixed32, 1), fzResult(3, 0, encSparseKV, 1), []byte{1, 2, 3},
 		make([]byte, 3000), make([]byte, rslot+10)))
+	// Acknowledgements: the Join's, a cache miss, replays of both, a stale stamp, a wrong worker
+	// id, another key, a tampered one, no trailer, and a good one from the PS's address. Stamps
+	// are taken now: authentic ones must be within ctlauth.MaxSkew of the clock when they run.
+	now := uint64(time.Now().UnixNano())
+	otherKey := append([]byte(nil), fzKey...)
+	otherKey[0] ^= 1
+	good, miss := fzAck(fzKey, fzNonce, 0, now), fzAck(fzKey, fzAskedFrag, 0, now+1)
+	tampered := fzAck(fzKey, fzNonce, 0, now+5)
+	tampered[offSeq] ^= 1
+	f.Add(true, fzSrcs(fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent,
+		fzFromAgent, fzFromPS, fzFromOtherIP, fzFromAgent),
+		fzJoin(good, miss, good, miss, fzAck(fzKey, fzNonce, 0, now-uint64(time.Minute)), fzAck(fzKey, fzNonce, 1, now+2),
+			fzAck(otherKey, fzNonce, 0, now+3), tampered, fzAck(nil, fzNonce, 0, 0), fzAck(fzKey, fzNonce, 0, now+6),
+			fzAck(fzKey, fzNonce, 0, now+7), append(fzAck(fzKey, fzNonce, 0, now+8), 0)))
+	f.Add(false, fzSrcs(fzFromAgent, fzFromPS), fzJoin(fzAck(fzKey, fzNonce, 0, now+9), fzAck(fzKey, fzNonce, 0, now+10)))
 
-	f.Fuzz(func(t *testing.T, in []byte) {
+	f.Fuzz(func(t *testing.T, joined bool, srcs uint32, in []byte) {
 		w := newFuzzWorker(t)
+		addrs := fzWorkerAddrs(t)
 		data, backing := fzGuarded(fzWorkerN)
 		nfrags := (fzWorkerN + fzWorkerK - 1) / fzWorkerK
 		// What AllReduce does before its first step.
@@ -457,37 +531,108 @@ func FuzzWorkerResult(f *testing.F) {
 		w.mu.Lock()
 		w.op.active, w.op.data, w.op.seqBase = true, data, base
 		w.op.nfrags, w.op.low, w.op.next = nfrags, 0, 0
+		if joined {
+			// What a Join leaves behind, and a second Join under way.
+			w.ctrl, w.ctrlRaw, w.ctrlSet = addrs[fzFromAgent], sockaddr4(addrs[fzFromAgent]), true
+			w.ackWant, w.ackFrom, w.ackPending = fzNonce, sockaddr4(addrs[fzFromAgent]), true
+		}
 		w.mu.Unlock()
 		if _, err := w.step(); err != nil {
 			t.Fatal(err)
 		}
-		from := fzSink(t, 0)
+		if joined {
+			w.mu.Lock()
+			w.op.ring[fzAskedFrag].askedCache = true // as if its result had been asked of the cache
+			w.mu.Unlock()
+		}
+		var lastStamp uint64   // the agent's last accepted stamp
 		done := map[int]bool{} // fragments whose result was written
 		for i, b := range fzSplit(in) {
 			slot := i % recvBatch // as the receive goroutine would see a batch
-			fzInject(w.bc, slot, b, from)
+			src := fzSource(srcs, i)
+			fzInject(w.bc, slot, b, addrs[src])
 			before, was := slices.Clone(data), w.Stats()
+			// Whether an ACK of fragment fzAskedFrag is a cache miss: its result was asked of the
+			// agent and is still missing, in fixed point.
+			af := &w.op.ring[fzAskedFrag%fzWorkerWindow]
+			missable := w.op.active && w.op.low <= fzAskedFrag && fzAskedFrag < w.op.next && af.idx == fzAskedFrag &&
+				af.askedCache && af.state == fragFixed
 			w.mu.Lock()
 			w.handleResult(slot)
+			gotAck := w.ackGot
 			w.mu.Unlock()
 			st := w.Stats()
 			fzGuardOK(t, data, backing)
 
+			// The model's verdict for the datagram's source and, for an ACK, its authentication.
+			const (
+				vOther = iota // a result or malformed: checked below
+				vForeign
+				vUnauth
+				vReplayed
+				vAck
+				vAckMalformed
+			)
 			h, vals, err := ParsePacket(b)
+			fromAgent := joined && src == fzFromAgent
+			verdict := vOther
+			var stamp uint64
+			switch {
+			case src != fzFromPS && !fromAgent:
+				verdict = vForeign
+			case len(b) > MaxPacket:
+			case err == nil && h.Type == msgAck:
+				msg, s, oerr := ctlauth.Open(fzKey, b)
+				skew := time.Until(time.Unix(0, int64(s)))
+				switch {
+				case !fromAgent:
+					verdict = vForeign
+				case oerr != nil:
+					verdict = vUnauth
+				case len(msg) != bpf.HdrSize || h.Count != 0 || h.JobId != fzWorkerJob || h.WorkerId != 0:
+					verdict = vAckMalformed
+				case (lastStamp != 0 && s <= lastStamp) || skew > ctlauth.MaxSkew || skew < -ctlauth.MaxSkew:
+					verdict = vReplayed
+				default:
+					verdict, stamp = vAck, s
+				}
+			}
 			moved := []uint64{st.ResultsReceived - was.ResultsReceived, st.DuplicateResults - was.DuplicateResults,
-				st.OverflowRepairs - was.OverflowRepairs, st.Malformed - was.Malformed}
+				st.OverflowRepairs - was.OverflowRepairs, st.Malformed - was.Malformed, st.Foreign - was.Foreign,
+				st.Unauthenticated - was.Unauthenticated, st.Replayed - was.Replayed, st.ControlAcks - was.ControlAcks}
 			var total uint64
 			for _, m := range moved {
 				total += m
 			}
-			isAck := err == nil && h.Type == msgAck && h.JobId == fzWorkerJob
-			switch {
-			case isAck && total != 0:
-				t.Fatalf("datagram %d: an ACK of the job moved results/duplicates/repairs/malformed by %v", i, moved)
-			case !isAck && (total != 1 || slices.Max(moved) != 1):
-				t.Fatalf("datagram %d (%+v, %v): results/duplicates/repairs/malformed moved by %v, want exactly one by 1", i, h, err, moved)
-			case !isAck && (err != nil || h.Type != msgResult || h.JobId != fzWorkerJob) && moved[3] != 1:
+			if total != 1 || slices.Max(moved) != 1 {
+				t.Fatalf("datagram %d (%+v, %v) from %d: results/duplicates/repairs/malformed/foreign/unauthenticated/replayed/acks moved by %v, want exactly one by 1",
+					i, h, err, src, moved)
+			}
+			want := map[int]int{vForeign: 4, vUnauth: 5, vReplayed: 6, vAck: 7, vAckMalformed: 3}
+			if k, ok := want[verdict]; ok && moved[k] != 1 {
+				t.Fatalf("datagram %d (%+v, %v) from %d: verdict %d, but counters moved by %v", i, h, err, src, verdict, moved)
+			}
+			if verdict == vOther && slices.Max(moved[4:]) != 0 {
+				t.Fatalf("datagram %d (%+v, %v) from %d: counted as an acknowledgement or foreign (%v)", i, h, err, src, moved)
+			}
+			if verdict == vOther && (err != nil || h.Type != msgResult || h.JobId != fzWorkerJob) && moved[3] != 1 {
 				t.Fatalf("datagram %d (%+v, %v) is not a result of the job but was not counted malformed", i, h, err)
+			}
+			misses := st.CacheMisses - was.CacheMisses
+			switch {
+			case verdict == vAck:
+				lastStamp = stamp
+				if h.Seq == fzNonce && !gotAck {
+					t.Fatalf("datagram %d: the pending Join's authenticated ACK did not complete it", i)
+				}
+				isMiss := h.Seq != fzNonce && h.Seq == uint32(base)+fzAskedFrag && missable
+				if misses != b2u(isMiss) {
+					t.Fatalf("datagram %d: ACK of seq %d moved CacheMisses by %d, want %v", i, h.Seq, misses, isMiss)
+				}
+			case misses != 0:
+				t.Fatalf("datagram %d (verdict %d) moved CacheMisses", i, verdict)
+			case gotAck && lastStamp == 0:
+				t.Fatalf("datagram %d (verdict %d) completed the Join without an authenticated ACK", i, verdict)
 			}
 			if moved[0] == 0 {
 				if !sameBits(data, before) {
@@ -533,6 +678,13 @@ func FuzzWorkerResult(f *testing.F) {
 	})
 }
 
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // ---- PS ----
 
 // fzPSEntry is the model of one aggregation: the PS's documented behaviour, rebuilt here.
@@ -559,6 +711,26 @@ func fzPSData(job, seq uint32, enc uint8, worker, fan uint8, flags uint16, vals 
 	return fzPacket(h, vals...)
 }
 
+// The fuzzed PS's admitted jobs (unless Open): job 5 of workers at A and B, job 6 of workers at B,
+// any port of 127.0.0.1, and C (another host). A datagram comes, by two bits of srcs each, from
+// the member its worker id names (fzFromMember; somewhere foreign if it names none), A, B, or a
+// host that is no member (fzFromStranger).
+const (
+	fzFromMember = iota
+	fzFromA
+	fzFromB
+	fzFromStranger
+)
+
+// fzPSMembers returns the members of the fuzzed jobs, by job and worker id, and the four sources.
+func fzPSMembers(t *testing.T) (map[uint32][]netip.AddrPort, [4]netip.AddrPort) {
+	a, b := fzSink(t, 0), fzSink(t, 1)
+	c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 2}), a.Port())
+	jobs := map[uint32][]netip.AddrPort{5: {a, b}, 6: {b, netip.AddrPortFrom(loopback, 0), c}}
+	stranger := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 3}), a.Port())
+	return jobs, [4]netip.AddrPort{{}, a, b, stranger}
+}
+
 func FuzzPSHandle(f *testing.F) {
 	f32 := func(xs ...float32) []uint32 {
 		out := make([]uint32, len(xs))
@@ -567,55 +739,95 @@ func FuzzPSHandle(f *testing.F) {
 		}
 		return out
 	}
-	for _, direct := range []bool{false, true} {
-		f.Add(direct, uint8(3), fzJoin(
-			fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1, -2, 3)...),
-			fzPSData(5, 1, encFixed32, 0, 2, fResend, fzI32s(1, -2, 3)...),
-			fzPSData(5, 1, encFixed32, 1, 2, fECN, fzI32s(10, 20, 30)...),
-			fzPSData(5, 1, encFixed32, 1, 2, fResend, fzI32s(10, 20, 30)...),
-			fzPSData(5, 2, encFixed32, 0, 1, fCollision, fzI32s(math.MaxInt32)...),
-			fzPSData(5, 3, encFixed32, 0, 2, 0, fzI32s(math.MaxInt32, math.MinInt32)...),
-			fzPSData(5, 3, encFixed32, 1, 2, 0, fzI32s(1, -1)...),
-		))
-		f.Add(direct, uint8(2), fzJoin(
-			fzPSData(6, 1, encFloat32, 0, 3, fOverflow, f32(1e30, 1, -0.0)...),
-			fzPSData(6, 1, encFloat32, 2, 3, fOverflow, f32(-1e30, 0x1p-149, -0.0)...),
-			fzPSData(6, 1, encFloat32, 1, 3, fOverflow, f32(3, float32(math.Inf(1)), -0.0)...),
-			fzPSData(6, 1, encFixed32, 1, 3, fLevel1, fzI32s(1, 2, 3)...),
-			fzPSData(6, 2, encFixed32, 1, 3, fLevel1, fzI32s(1, 2, 3)...),
-			fzPSData(6, 3, encFixed32, 1, 3, 0, fzI32s(1, 2, 3)...),
-			fzPSData(6, 4, encFixed32, 0, 1, 0, fzI32s(4)...),
-			fzPSData(6, 5, encFixed32, 0, 1, 0, fzI32s(5)...),
-		))
+	for _, open := range []bool{false, true} {
+		for _, direct := range []bool{false, true} {
+			f.Add(open, direct, uint8(3), uint32(0), fzJoin(
+				fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1, -2, 3)...),
+				fzPSData(5, 1, encFixed32, 0, 2, fResend, fzI32s(1, -2, 3)...),
+				fzPSData(5, 1, encFixed32, 1, 2, fECN, fzI32s(10, 20, 30)...),
+				fzPSData(5, 1, encFixed32, 1, 2, fResend, fzI32s(10, 20, 30)...),
+				fzPSData(5, 2, encFixed32, 0, 1, fCollision, fzI32s(math.MaxInt32)...),
+				fzPSData(5, 3, encFixed32, 0, 2, 0, fzI32s(math.MaxInt32, math.MinInt32)...),
+				fzPSData(5, 3, encFixed32, 1, 2, 0, fzI32s(1, -1)...),
+			))
+			f.Add(open, direct, uint8(2), uint32(0), fzJoin(
+				fzPSData(6, 1, encFloat32, 0, 3, fOverflow, f32(1e30, 1, -0.0)...),
+				fzPSData(6, 1, encFloat32, 2, 3, fOverflow, f32(-1e30, 0x1p-149, -0.0)...),
+				fzPSData(6, 1, encFloat32, 1, 3, fOverflow, f32(3, float32(math.Inf(1)), -0.0)...),
+				fzPSData(6, 1, encFixed32, 1, 3, fLevel1, fzI32s(1, 2, 3)...),
+				fzPSData(6, 2, encFixed32, 1, 3, fLevel1, fzI32s(1, 2, 3)...),
+				fzPSData(6, 3, encFixed32, 1, 3, 0, fzI32s(1, 2, 3)...),
+				fzPSData(6, 4, encFixed32, 0, 1, 0, fzI32s(4)...),
+				fzPSData(6, 5, encFixed32, 0, 1, 0, fzI32s(5)...),
+			))
+		}
 	}
 	res := fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1)...)
 	res[offType] = msgResult
 	count := fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1, 2)...)
 	scale := fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...)
 	scale[offScale] = 20
-	f.Add(false, uint8(1), fzJoin(fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1)...), res, count, scale,
-		fzPSData(5, 1, encSparseKV, 1, 2, 0, fzI32s(1)...), []byte("hello"), make([]byte, rslot+1), make([]byte, 3000)))
+	unknownEnc := fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...)
+	unknownEnc[offEncoding] = encSparseKV + 1
+	f.Add(false, false, uint8(1), uint32(0), fzJoin(fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1)...), res, count, scale,
+		fzPSData(5, 1, encSparseKV, 1, 2, 0, fzI32s(1)...), unknownEnc, []byte("hello"), make([]byte, rslot+1), make([]byte, 3000)))
+	// Outsiders: an unknown job, a worker id beyond the job, members' packets from the wrong
+	// address or port, another member's id; the any-port member from any port.
+	f.Add(false, false, uint8(0), fzSrcs(fzFromMember, fzFromMember, fzFromB, fzFromStranger, fzFromA, fzFromA, fzFromB, fzFromMember),
+		fzJoin(fzPSData(7, 1, encFixed32, 0, 2, 0, fzI32s(1)...), fzPSData(5, 1, encFixed32, 2, 3, 0, fzI32s(1)...),
+			fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1)...), fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...),
+			fzPSData(6, 1, encFixed32, 1, 3, 0, fzI32s(1)...), fzPSData(6, 1, encFixed32, 2, 3, 0, fzI32s(1)...),
+			fzPSData(5, 1, encSparseKV, 1, 2, 0, fzI32s(1)...), fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...)))
+	// Job 5 floods new seqs (resends, never complete) past its share; job 6 keeps its sums.
+	var flood [][]byte
+	flood = append(flood, fzPSData(6, 9, encFixed32, 0, 3, 0, fzI32s(6)...))
+	for seq := range uint32(10) {
+		flood = append(flood, fzPSData(5, 100+seq, encFixed32, 0, 2, fResend, fzI32s(1)...))
+	}
+	flood = append(flood, fzPSData(6, 9, encFixed32, 1, 3, 0, fzI32s(6)...), fzPSData(6, 9, encFixed32, 2, 3, 0, fzI32s(6)...))
+	f.Add(false, false, uint8(1), uint32(0), fzJoin(flood...))
 
-	f.Fuzz(func(t *testing.T, direct bool, maxEntries uint8, in []byte) {
+	f.Fuzz(func(t *testing.T, open, direct bool, maxEntries uint8, srcs uint32, in []byte) {
 		var (
 			cfg PSConfig
 			p   *PS
 		)
+		members, from := fzPSMembers(t)
 		fzOnFreePort(t, func(listen netip.AddrPort) (err error) {
-			cfg = PSConfig{Listen: listen, Switch: fzSink(t, 1), Direct: direct,
+			cfg = PSConfig{Listen: listen, Switch: fzSink(t, 1), Direct: direct, Open: open,
 				Shards: 1, SocketBuffer: 1 << 16, MaxEntries: 1 + int(maxEntries%4)}
+			if !open {
+				cfg.MaxEntries *= len(members)
+				for _, id := range []uint32{5, 6} {
+					cfg.Jobs = append(cfg.Jobs, PSJob{ID: id, Workers: members[id]})
+				}
+			}
 			p, err = NewPS(cfg) // no Serve: the test drives the shard
 			return err
 		})
 		t.Cleanup(func() { p.Close() })
+		share := cfg.MaxEntries
+		if !open {
+			share /= len(members)
+		}
 		s := p.socks[0]
 		model := map[psKey]*fzPSEntry{}
-		from := fzSink(t, 0)
 		now := int64(0)
 		for i, b := range fzSplit(in) {
 			now += int64(time.Millisecond)
 			slot := i % recvBatch
-			fzInject(s.bc, slot, b, from)
+			h, vals, err := ParsePacket(b)
+			src := from[fzSource(srcs, i)]
+			if fzSource(srcs, i) == fzFromMember {
+				src = from[fzFromStranger]
+				if ms := members[h.JobId]; int(h.WorkerId) < len(ms) {
+					src = ms[h.WorkerId]
+					if src.Port() == 0 {
+						src = netip.AddrPortFrom(src.Addr(), 1) // any port will do
+					}
+				}
+			}
+			fzInject(s.bc, slot, b, src)
 			was := p.Stats()
 			p.handle(s, slot, now)
 			if err := s.flush(); err != nil {
@@ -623,34 +835,63 @@ func FuzzPSHandle(f *testing.F) {
 			}
 			st := p.Stats()
 
-			// The model's verdict.
+			// The model's verdict, in the documented order of the checks.
 			const (
 				vMalformed = iota
 				vDuplicate
 				vAggregated
 				vDropped
+				vUnknownJob
+				vNotMember
+				vOverQuota
+				vUnsupported
 			)
 			verdict, evict := vMalformed, false
-			h, vals, err := ParsePacket(b)
 			var e *fzPSEntry
 			key := psKey{job: h.JobId, seq: h.Seq, enc: h.Encoding}
 			bm, fan := levelBits(&h)
-			if err == nil && h.Type == msgData && (h.Encoding == encFixed32 || h.Encoding == encFloat32) {
-				level1 := h.Flags&fLevel1 != 0
+			level1 := h.Flags&fLevel1 != 0
+			ms, admitted := members[h.JobId]
+			memberOK := func() bool {
+				if int(h.WorkerId) >= len(ms) {
+					return false
+				}
+				m := ms[h.WorkerId]
+				return m.Addr() == src.Addr() && (m.Port() == 0 || m.Port() == src.Port())
+			}
+			switch {
+			case len(b) > MaxPacket || (err != nil && err != errEncoding) || h.Type != msgData:
+			case !open && !admitted:
+				verdict = vUnknownJob
+			case !open && !memberOK():
+				verdict = vNotMember
+			case err == errEncoding || (h.Encoding != encFixed32 && h.Encoding != encFloat32):
+				verdict = vUnsupported
+			case !open && !level1 && int(fan) != len(ms):
+			default:
 				e = model[key]
 				switch {
 				case e == nil:
-					free := len(model) < cfg.MaxEntries
+					held := 0
+					for k := range model {
+						if open || k.job == h.JobId {
+							held++
+						}
+					}
+					free := held < share
 					if !free {
-						for _, o := range model {
-							if o.complete {
+						for k, o := range model {
+							if (open || k.job == h.JobId) && o.complete {
 								free, evict = true, true
 								break
 							}
 						}
 					}
 					if !free {
-						verdict = vDropped
+						verdict = vOverQuota
+						if open {
+							verdict = vDropped
+						}
 						break
 					}
 					e = &fzPSEntry{count: int(h.Count), fan: int(fan), level1: level1, scale: h.ScaleLog2,
@@ -686,9 +927,9 @@ func FuzzPSHandle(f *testing.F) {
 				e.complete = completes
 			}
 
-			want := PSStats{Received: was.Received + 1, Aggregated: was.Aggregated, Duplicates: was.Duplicates,
-				Malformed: was.Malformed, Dropped: was.Dropped, Completed: was.Completed, ResultsResent: was.ResultsResent,
-				Overflows: was.Overflows, Stale: was.Stale, Unaddressed: st.Unaddressed}
+			want := was
+			want.Received++
+			want.Unaddressed = st.Unaddressed
 			switch verdict {
 			case vMalformed:
 				want.Malformed++
@@ -711,13 +952,22 @@ func FuzzPSHandle(f *testing.F) {
 				}
 			case vDropped:
 				want.Dropped++
+			case vUnknownJob:
+				want.UnknownJob++
+			case vNotMember:
+				want.NotMember++
+			case vOverQuota:
+				want.OverQuota++
+			case vUnsupported:
+				want.Unsupported++
 			}
 			if st != want {
-				t.Fatalf("datagram %d (%+v, %v): stats\n%+v\nwant\n%+v", i, h, err, st, want)
+				t.Fatalf("datagram %d (%+v, %v) from %v: stats\n%+v\nwant\n%+v", i, h, err, src, st, want)
 			}
 
-			// The PS's tables against the model: a completed result may have been released to
-			// admit this one (exactly then), nothing else may vanish or appear.
+			// The PS's tables against the model: a completed result of the same job (Open: any)
+			// may have been released to admit this one (exactly then), nothing else may vanish or
+			// appear.
 			seen := map[psKey]bool{}
 			for ti := range p.tables {
 				for k, pe := range p.tables[ti].entries {
@@ -732,8 +982,8 @@ func FuzzPSHandle(f *testing.F) {
 			gone := 0
 			for k, me := range model {
 				if !seen[k] {
-					if !me.complete || !evict {
-						t.Fatalf("datagram %d: the PS lost %+v (complete %v, room needed %v)", i, k, me.complete, evict)
+					if !me.complete || !evict || (!open && k.job != h.JobId) {
+						t.Fatalf("datagram %d: the PS lost %+v (complete %v, room needed %v for job %d)", i, k, me.complete, evict, h.JobId)
 					}
 					delete(model, k)
 					gone++
@@ -742,19 +992,34 @@ func FuzzPSHandle(f *testing.F) {
 			if gone != b2i(evict) {
 				t.Fatalf("datagram %d: %d results released to admit a new aggregation, want %d", i, gone, b2i(evict))
 			}
-			if int(p.nentries.Load()) != len(model) {
-				t.Fatalf("datagram %d: nentries %d, %d entries held", i, p.nentries.Load(), len(model))
-			}
+			fzPSAccounts(t, i, p, model)
 		}
-		// Everything ages out, and the entry count comes back to zero.
+		// Everything ages out, and every account comes back to zero.
 		now += int64(time.Hour)
 		for ti := range p.tables {
 			p.evict(&p.tables[ti], s, now)
 		}
-		if n := p.nentries.Load(); n != 0 {
-			t.Fatalf("after evicting everything nentries = %d", n)
-		}
+		fzPSAccounts(t, -1, p, map[psKey]*fzPSEntry{})
 	})
+}
+
+// fzPSAccounts checks that each account holds as many entries as the model has of its job (Open:
+// of all jobs), and never more than its share.
+func fzPSAccounts(t *testing.T, i int, p *PS, model map[psKey]*fzPSEntry) {
+	t.Helper()
+	for _, a := range p.accts {
+		want, done := 0, 0
+		for k, me := range model {
+			if a == p.open || p.jobs[k.job].acct == a {
+				want++
+				done += b2i(me.complete)
+			}
+		}
+		if n := a.n.Load(); n != int64(want) || n > a.share || a.done.Load() != int64(done) {
+			t.Fatalf("datagram %d: account %d holds %d entries, %d complete (share %d), the model %d, %d complete",
+				i, a.idx, n, a.done.Load(), a.share, want, done)
+		}
+	}
 }
 
 // fzPSCompare checks one PS entry against its model.

@@ -29,6 +29,22 @@ const (
 )
 
 // PSConfig configures a parameter server. Zero fields take their defaults (WithDefaults).
+//
+// Who may contribute: the PS sums DATA only of the jobs in Jobs, and of each only from its
+// members, the way the switch admits them: worker_id w of job j must be Jobs[j].Workers[w], and
+// the packet's source address (and port, unless the member's is 0) must be that member's. This
+// holds for every DATA packet, including the partial aggregates the switch flushes on a resend
+// (they keep the resender's source and worker_id) and collided fragments (forwarded unchanged).
+// Anything else is dropped and counted (PSStats.UnknownJob, NotMember), so a host outside a job
+// can neither add to its sums nor read them (the PS answers duplicate contributions with the
+// stored result) nor occupy its memory. Without Jobs, NewPS fails unless Open is set.
+//
+// Memory per job: each job of Jobs gets an equal share, MaxEntries/len(Jobs), of the entries the
+// PS holds (aggregations in progress and completed results kept for ResultTTL). A job at its
+// share makes room only by dropping its own oldest completed result; if all its entries are
+// still aggregating, its new fragments are dropped (PSStats.OverQuota) and its workers
+// retransmit. No job ever evicts another's entries, so a tenant that floods the PS (F_RESEND
+// DATA for ever new seqs, say) fills its own share and nothing else.
 type PSConfig struct {
 	Listen netip.AddrPort // PS address; its port is the agg port (port 0: bpf.DefaultPort)
 	// Switch is where results go: the switch's IP on the PS's subnet and the agg port (port 0:
@@ -53,14 +69,36 @@ type PSConfig struct {
 	// SocketBuffer sizes SO_RCVBUF/SO_SNDBUF in bytes (default 8 MiB), per shard.
 	SocketBuffer int
 	// MaxEntries bounds the aggregations and results held at once (default 16384; about 1.5 KB
-	// per result, 3-16 KB per aggregation in progress). When full, an old result goes first (the
-	// oldest of its table: tables are not globally ordered); if every entry is still
-	// aggregating, new fragments are dropped (PSStats.Dropped) and their workers retransmit.
+	// per result, 3-16 KB per aggregation in progress), split into equal shares among Jobs (at
+	// least one entry each; see above). When a job's share (with Open: the whole) is full, an
+	// old result of the same job goes first (the oldest of its table: tables are not globally
+	// ordered); if every entry is still aggregating, new fragments are dropped (PSStats.OverQuota;
+	// with Open, PSStats.Dropped) and their workers retransmit.
 	MaxEntries int
 	// PoolSize is the switch's slot pool. With it, a fragment that reached the PS through a
 	// collision gets a new slot for its offset (ATP's rehash, F_REHASH; see slots.go). 0: no
 	// rehash. Unused with Direct.
 	PoolSize uint32
+	// Jobs are the jobs this PS serves and their members (see above): the same jobs, worker ids
+	// and worker addresses the switch admitted (`xdpagg job add`, and each worker's JOIN or
+	// static member). Required unless Open.
+	Jobs []PSJob
+	// Open accepts DATA of any job from any source, with MaxEntries shared by everyone, as
+	// before jobs were admitted: for the user-space PS baseline (Direct, no switch, one trusted
+	// tenant on a private network; the benchmark's "ps" mode). Never behind a shared switch:
+	// any host that can reach Listen can then add to any job's sums, read them, and crowd out
+	// its memory. Exclusive with Jobs.
+	Open bool
+}
+
+// PSJob is one job a PS serves and its members.
+type PSJob struct {
+	ID uint32 // the job id, nonzero
+	// Workers are the job's members, indexed by worker id; their number is the job's fan-in
+	// (level-0 DATA must carry fan_in0 = len(Workers)). Each is the IPv4 address and UDP port
+	// the worker sends from; port 0 accepts any port from that address (a worker bound to an
+	// ephemeral port; weaker: any process on that host may then contribute).
+	Workers []netip.AddrPort
 }
 
 // WithDefaults returns c with zero fields set to their defaults and addresses unmapped to IPv4.
@@ -90,6 +128,16 @@ func (c PSConfig) WithDefaults() PSConfig {
 	if c.MaxEntries == 0 {
 		c.MaxEntries = DefaultMaxEntries
 	}
+	if c.Jobs != nil {
+		jobs := make([]PSJob, len(c.Jobs))
+		for j, pj := range c.Jobs {
+			jobs[j] = PSJob{ID: pj.ID, Workers: make([]netip.AddrPort, len(pj.Workers))}
+			for i, a := range pj.Workers {
+				jobs[j].Workers[i] = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+			}
+		}
+		c.Jobs = jobs
+	}
 	return c
 }
 
@@ -111,12 +159,36 @@ func (c PSConfig) Validate() error {
 		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
 	case c.MaxEntries < 1:
 		return fmt.Errorf("%w: MaxEntries %d: use at least 1", ErrConfig, c.MaxEntries)
+	case c.Open && len(c.Jobs) > 0:
+		return fmt.Errorf("%w: Open with %d Jobs: list the jobs' members in Jobs, or set Open for an unrestricted baseline PS, not both", ErrConfig, len(c.Jobs))
+	case !c.Open && len(c.Jobs) == 0:
+		return fmt.Errorf("%w: no Jobs: list each job's id and worker addresses in Jobs (only they may contribute), or set Open for a trusted single-tenant baseline", ErrConfig)
+	case c.MaxEntries < len(c.Jobs):
+		return fmt.Errorf("%w: MaxEntries %d for %d Jobs: use at least one entry per job (each job gets MaxEntries/len(Jobs))", ErrConfig, c.MaxEntries, len(c.Jobs))
+	}
+	ids := make(map[uint32]bool, len(c.Jobs))
+	for j, pj := range c.Jobs {
+		switch {
+		case pj.ID == 0:
+			return fmt.Errorf("%w: Jobs[%d].ID is 0: job ids are nonzero", ErrConfig, j)
+		case ids[pj.ID]:
+			return fmt.Errorf("%w: Jobs[%d].ID %d given twice", ErrConfig, j, pj.ID)
+		case len(pj.Workers) == 0 || len(pj.Workers) > bpf.MaxWorkers:
+			return fmt.Errorf("%w: Jobs[%d] (job %d) has %d Workers: use 1..%d, one address per worker id", ErrConfig, j, pj.ID, len(pj.Workers), bpf.MaxWorkers)
+		}
+		ids[pj.ID] = true
+		for i, a := range pj.Workers {
+			if !a.Addr().Is4() || a.Addr().IsUnspecified() {
+				return fmt.Errorf("%w: Jobs[%d] (job %d) Workers[%d] %v: use the worker's IPv4 address and UDP port (port 0: any)", ErrConfig, j, pj.ID, i, a)
+			}
+		}
 	}
 	return nil
 }
 
 // PSStats are a PS's cumulative counters. Every received datagram counts in Received and in
-// exactly one of Aggregated, Duplicates, Malformed and Dropped.
+// exactly one of Aggregated, Duplicates, Malformed, Dropped, UnknownJob, NotMember, OverQuota and
+// Unsupported.
 type PSStats struct {
 	Received      uint64 // datagrams received
 	Aggregated    uint64 // data packets summed into an aggregation
@@ -126,16 +198,27 @@ type PSStats struct {
 	Malformed     uint64 // not a valid DATA packet, or disagreeing with its aggregation (count, fan-in, scale)
 	Overflows     uint64 // of Completed: fixed-point sums sent with F_OVERFLOW for float repair
 	Stale         uint64 // incomplete aggregations dropped after StaleAfter
-	Dropped       uint64 // data packets dropped because MaxEntries aggregations were in progress
+	Dropped       uint64 // Open: data packets dropped because MaxEntries aggregations were in progress
 	// Unaddressed counts, in Direct mode, results not sent to a contributor whose address is
 	// unknown (it only ever contributed inside a multi-bit partial sum); it gets the result when
 	// it retransmits.
 	Unaddressed uint64
 	Rehashes    uint64 // of Completed: collided fragments whose result moved their offset to a new slot (F_REHASH)
+	UnknownJob  uint64 // DATA of a job not in PSConfig.Jobs: dropped
+	// NotMember counts DATA of a known job whose worker_id is not one of its members, or whose
+	// source address or port is not that member's: dropped.
+	NotMember uint64
+	// OverQuota counts new fragments dropped because their job held its share of MaxEntries, all
+	// still aggregating: its workers retransmit.
+	OverQuota uint64
+	// Unsupported counts DATA from an admitted source whose encoding the PS cannot sum: anything
+	// but ENC_FIXED32 and ENC_FLOAT32 (ENC_SPARSE_KV is reserved). Dropped.
+	Unsupported uint64
 }
 
 type psCounters struct {
 	received, aggregated, duplicates, completed, resent, malformed, overflows, stale, dropped, unaddressed, rehashes atomic.Uint64
+	unknownJob, notMember, overQuota, unsupported                                                                    atomic.Uint64
 }
 
 // PS is the parameter server: it sums the fragments the switch could not (collisions, float32
@@ -154,7 +237,12 @@ type PS struct {
 	tables   []psTable // len is a power of two
 	switchSa unix.RawSockaddrInet4
 	epoch    time.Time
-	nentries atomic.Int64 // entries over all tables, for MaxEntries
+
+	// Who may contribute and how much each may hold; read-only after NewPS. jobs is nil with
+	// Open, whose one account is open.
+	jobs  map[uint32]*psAdmitted
+	open  *psAccount
+	accts []*psAccount // every account, by index
 
 	serving   atomic.Bool
 	stop      atomic.Bool // ctx of Serve is done
@@ -176,17 +264,50 @@ type psSock struct {
 	out [recvBatch][MaxPacket]byte
 }
 
+// psAccount is the entry budget of one admitted job (or, with Open, of everyone).
+type psAccount struct {
+	idx   int          // index in PS.accts and in each table's done queues
+	share int64        // entries it may hold
+	n     atomic.Int64 // entries it holds, over all tables
+	done  atomic.Int64 // of n, completed results (which can make room)
+}
+
+// psAdmitted is a job of PSConfig.Jobs.
+type psAdmitted struct {
+	acct    *psAccount
+	members []psMember // by worker id
+}
+
+// psMember is where a worker may send from: address, and port unless anyPort.
+type psMember struct {
+	addr    [4]byte
+	port    uint16 // network byte order, as in unix.RawSockaddrInet4
+	anyPort bool
+}
+
+// admits reports whether a datagram from `from` may come from member m.
+func (m *psMember) admits(from *unix.RawSockaddrInet4) bool {
+	return from.Family == unix.AF_INET && from.Addr == m.addr && (m.anyPort || from.Port == m.port)
+}
+
 // psTable is one lock's share of the aggregation state.
 type psTable struct {
-	mu       sync.Mutex
-	entries  map[psKey]*psEntry
-	jobs     map[uint32]*psJob // Direct: where each job's contributors are
-	done     []*psEntry        // completed entries, oldest first, from doneHead on: they expire in this order
-	doneHead int
-	freeE    []*psEntry
-	freeFix  []*fixedAcc
-	freeFlt  []*floatAcc
-	_        [64]byte // keep neighbouring tables' locks off one cache line
+	mu      sync.Mutex
+	entries map[psKey]*psEntry
+	jobs    map[uint32]*psJob // Direct: where each job's contributors are
+	// done holds the completed entries per account (PS.accts), oldest first: they expire, and
+	// make room for their own account's new aggregations, in this order.
+	done    []psDoneQueue
+	freeE   []*psEntry
+	freeFix []*fixedAcc
+	freeFlt []*floatAcc
+	_       [64]byte // keep neighbouring tables' locks off one cache line
+}
+
+// psDoneQueue is a FIFO of completed entries: q[head:].
+type psDoneQueue struct {
+	q    []*psEntry
+	head int
 }
 
 // psJob records, in Direct mode, the address each contributor (bitmap bit) of a job sends from,
@@ -206,6 +327,7 @@ type psKey struct {
 
 type psEntry struct {
 	key      psKey
+	acct     *psAccount    // whose share it counts in
 	tmpl     bpf.XdpaggHdr // first contribution's header: the result's header template
 	bitmap   uint32
 	fanIn    uint8
@@ -243,6 +365,22 @@ func NewPS(cfg PSConfig) (*PS, error) {
 	if !cfg.Direct {
 		p.switchSa = sockaddr4(cfg.Switch)
 	}
+	if cfg.Open {
+		p.open = &psAccount{share: int64(cfg.MaxEntries)}
+		p.accts = []*psAccount{p.open}
+	} else {
+		p.jobs = make(map[uint32]*psAdmitted, len(cfg.Jobs))
+		share := int64(cfg.MaxEntries / len(cfg.Jobs))
+		for j, pj := range cfg.Jobs {
+			a := &psAdmitted{acct: &psAccount{idx: j, share: share}}
+			for _, w := range pj.Workers {
+				sa := sockaddr4(w)
+				a.members = append(a.members, psMember{addr: sa.Addr, port: sa.Port, anyPort: w.Port() == 0})
+			}
+			p.jobs[pj.ID] = a
+			p.accts = append(p.accts, a.acct)
+		}
+	}
 	for i := 0; i < cfg.Shards; i++ {
 		bc, err := listenBatchOpt(cfg.Listen, cfg.SocketBuffer, recvBatch, sbatch, cfg.Shards > 1)
 		if err != nil {
@@ -265,6 +403,7 @@ func NewPS(cfg PSConfig) (*PS, error) {
 	for i := range p.tables {
 		p.tables[i].entries = make(map[psKey]*psEntry)
 		p.tables[i].jobs = make(map[uint32]*psJob)
+		p.tables[i].done = make([]psDoneQueue, len(p.accts))
 	}
 	return p, nil
 }
@@ -291,6 +430,10 @@ func (p *PS) Stats() PSStats {
 		t.Dropped += s.dropped.Load()
 		t.Unaddressed += s.unaddressed.Load()
 		t.Rehashes += s.rehashes.Load()
+		t.UnknownJob += s.unknownJob.Load()
+		t.NotMember += s.notMember.Load()
+		t.OverQuota += s.overQuota.Load()
+		t.Unsupported += s.unsupported.Load()
 	}
 	return t
 }
@@ -430,7 +573,11 @@ func (p *PS) table(k psKey) *psTable {
 	return &p.tables[(h>>16)&uint32(len(p.tables)-1)]
 }
 
-// handle processes datagram i of s's last receive batch.
+// handle processes datagram i of s's last receive batch. The checks run in this order, each
+// with its counter: a well-formed DATA packet (Malformed), of an admitted job (UnknownJob), from
+// the member its worker_id names (NotMember), in an encoding the PS sums (Unsupported), with the
+// job's fan-in (Malformed), room in the job's share for a new aggregation (OverQuota; Open:
+// Dropped), agreeing with the aggregation it joins (Malformed).
 func (p *PS) handle(s *psSock, i int, now int64) {
 	st := &s.st
 	st.received.Add(1)
@@ -440,23 +587,54 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 		return
 	}
 	h, vals, err := ParsePacket(b)
-	if err != nil || h.Type != msgData || (h.Encoding != encFixed32 && h.Encoding != encFloat32) {
+	// An unknown encoding is the one parse error that still leaves a DATA packet whose sender can
+	// be checked (ParsePacket checked the lengths before it).
+	unsupported := err == errEncoding || (err == nil && h.Encoding != encFixed32 && h.Encoding != encFloat32)
+	if (err != nil && err != errEncoding) || h.Type != msgData {
 		st.malformed.Add(1)
 		return
 	}
 	bm, fan := levelBits(&h)
 	level1 := h.Flags&fLevel1 != 0
+	acct := p.open
+	if p.jobs != nil {
+		job := p.jobs[h.JobId]
+		if job == nil {
+			st.unknownJob.Add(1)
+			return
+		}
+		if int(h.WorkerId) >= len(job.members) || !job.members[h.WorkerId].admits(s.bc.rfrom(i)) {
+			st.notMember.Add(1)
+			return
+		}
+		if unsupported {
+			st.unsupported.Add(1)
+			return
+		}
+		if !level1 && int(fan) != len(job.members) {
+			st.malformed.Add(1) // the job's fan-in is its member count, as at the switch
+			return
+		}
+		acct = job.acct
+	} else if unsupported {
+		st.unsupported.Add(1)
+		return
+	}
 	key := psKey{job: h.JobId, seq: h.Seq, enc: h.Encoding}
 	t := p.table(key)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entries[key]
 	if e == nil {
-		if !p.admit(t) {
-			st.dropped.Add(1)
+		if !p.admit(t, acct) {
+			if acct == p.open {
+				st.dropped.Add(1)
+			} else {
+				st.overQuota.Add(1)
+			}
 			return
 		}
-		e = p.newEntry(t, key, &h, now)
+		e = p.newEntry(t, key, acct, &h, now)
 	} else if e.tmpl.Count != h.Count || e.fanIn != fan || e.level1 != level1 ||
 		(h.Encoding == encFixed32 && e.tmpl.ScaleLog2 != h.ScaleLog2) {
 		st.malformed.Add(1) // cannot be summed with what is there
@@ -520,22 +698,25 @@ func (p *PS) rehash(h *bpf.XdpaggHdr) (uint32, bool) {
 	return r.pick(h.JobId, h.Seq, h.Seq%(2*win), SlotBase(h.JobId, pool), pool)
 }
 
-// admit makes room for one more entry in t (whose lock is held), within MaxEntries.
-func (p *PS) admit(t *psTable) bool {
-	if p.nentries.Add(1) <= int64(p.cfg.MaxEntries) || p.makeRoom(t) {
+// admit makes room for one more entry of account a in t (whose lock is held), within a's share.
+func (p *PS) admit(t *psTable, a *psAccount) bool {
+	if a.n.Add(1) <= a.share || p.makeRoom(t, a) {
 		return true
 	}
-	p.nentries.Add(-1)
+	a.n.Add(-1)
 	return false
 }
 
-// makeRoom frees a completed result to admit a new aggregation: the oldest of t if it has one,
-// else the oldest of another table that is free at the moment. TryLock, because the caller holds
-// t's lock: waiting for a second lock could deadlock with a goroutine doing the same the other
-// way round.
-func (p *PS) makeRoom(t *psTable) bool {
-	if t.doneHead < len(t.done) {
-		p.release(t, t.popDone())
+// makeRoom frees a completed result of account a (never another's) to admit a new aggregation
+// of a: a's oldest in t if it has one, else a's oldest in another table that is free at the
+// moment. TryLock, because the caller holds t's lock: waiting for a second lock could deadlock
+// with a goroutine doing the same the other way round.
+func (p *PS) makeRoom(t *psTable, a *psAccount) bool {
+	if a.done.Load() == 0 {
+		return false // all still aggregating: a flood over its share costs no table scan
+	}
+	if q := &t.done[a.idx]; q.len() > 0 {
+		p.release(t, q.pop())
 		return true
 	}
 	for i := range p.tables {
@@ -543,9 +724,10 @@ func (p *PS) makeRoom(t *psTable) bool {
 		if o == t || !o.mu.TryLock() {
 			continue
 		}
-		ok := o.doneHead < len(o.done)
+		q := &o.done[a.idx]
+		ok := q.len() > 0
 		if ok {
-			p.release(o, o.popDone())
+			p.release(o, q.pop())
 		}
 		o.mu.Unlock()
 		if ok {
@@ -555,7 +737,7 @@ func (p *PS) makeRoom(t *psTable) bool {
 	return false
 }
 
-func (p *PS) newEntry(t *psTable, key psKey, h *bpf.XdpaggHdr, now int64) *psEntry {
+func (p *PS) newEntry(t *psTable, key psKey, a *psAccount, h *bpf.XdpaggHdr, now int64) *psEntry {
 	var e *psEntry
 	if k := len(t.freeE); k > 0 {
 		e = t.freeE[k-1]
@@ -564,7 +746,7 @@ func (p *PS) newEntry(t *psTable, key psKey, h *bpf.XdpaggHdr, now int64) *psEnt
 		e = new(psEntry)
 	}
 	_, fan := levelBits(h)
-	e.key, e.tmpl, e.bitmap, e.fanIn, e.level1 = key, *h, 0, fan, h.Flags&fLevel1 != 0
+	e.key, e.acct, e.tmpl, e.bitmap, e.fanIn, e.level1 = key, a, *h, 0, fan, h.Flags&fLevel1 != 0
 	e.flags, e.complete, e.touched, e.plen, e.job = 0, false, now, 0, nil
 	if p.cfg.Direct {
 		j := t.jobs[key.job]
@@ -654,7 +836,9 @@ func (p *PS) complete(s *psSock, t *psTable, e *psEntry, now int64) {
 	e.plen = bpf.HdrSize + 4*n
 	e.complete = true
 	e.touched = now
-	t.done = append(t.done, e)
+	q := &t.done[e.acct.idx]
+	q.q = append(q.q, e)
+	e.acct.done.Add(1)
 	s.st.completed.Add(1)
 
 	if s.nout == len(s.out) { // never: one packet out at most per datagram received
@@ -696,8 +880,11 @@ func (p *PS) evict(t *psTable, s *psSock, now int64) {
 	ttl, stale := int64(p.cfg.ResultTTL), int64(p.cfg.StaleAfter)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for t.doneHead < len(t.done) && now-t.done[t.doneHead].touched >= ttl {
-		p.release(t, t.popDone())
+	for a := range t.done {
+		q := &t.done[a]
+		for q.len() > 0 && now-q.q[q.head].touched >= ttl {
+			p.release(t, q.pop())
+		}
 	}
 	for _, e := range t.entries {
 		if !e.complete && now-e.touched >= stale {
@@ -714,17 +901,20 @@ func (p *PS) evict(t *psTable, s *psSock, now int64) {
 	}
 }
 
-func (t *psTable) popDone() *psEntry {
-	e := t.done[t.doneHead]
-	t.done[t.doneHead] = nil
-	t.doneHead++
+func (q *psDoneQueue) len() int { return len(q.q) - q.head }
+
+// pop removes and returns the oldest entry; q.len() must be > 0.
+func (q *psDoneQueue) pop() *psEntry {
+	e := q.q[q.head]
+	q.q[q.head] = nil
+	q.head++
 	// Compact once the consumed prefix dominates: amortised O(1), and the backing array stops
 	// growing at about twice the live results.
-	if t.doneHead > 64 && t.doneHead*2 > len(t.done) {
-		k := copy(t.done, t.done[t.doneHead:])
-		clear(t.done[k:])
-		t.done = t.done[:k]
-		t.doneHead = 0
+	if q.head > 64 && q.head*2 > len(q.q) {
+		k := copy(q.q, q.q[q.head:])
+		clear(q.q[k:])
+		q.q = q.q[:k]
+		q.head = 0
 	}
 	return e
 }
@@ -732,7 +922,11 @@ func (t *psTable) popDone() *psEntry {
 // release removes e from t and recycles it and its accumulator.
 func (p *PS) release(t *psTable, e *psEntry) {
 	delete(t.entries, e.key)
-	p.nentries.Add(-1)
+	e.acct.n.Add(-1)
+	if e.complete {
+		e.acct.done.Add(-1)
+	}
+	e.acct = nil
 	if e.fix != nil {
 		t.freeFix = append(t.freeFix, e.fix)
 		e.fix = nil

@@ -14,19 +14,25 @@ import (
 func newDirectCluster(t testing.TB, w, shards int) *cluster {
 	t.Helper()
 	c := &cluster{psErr: make(chan error, 1)}
-	ps, err := NewPS(PSConfig{Listen: netip.AddrPortFrom(loopback, freePort(t)), Direct: true, Shards: shards})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.ps = ps
+	listen := netip.AddrPortFrom(loopback, freePort(t))
+	job := PSJob{ID: 7}
 	for i := 0; i < w; i++ {
 		wk, err := NewWorker(WorkerConfig{JobID: 7, WorkerID: uint8(i), NumWorkers: uint8(w),
-			Local: netip.AddrPortFrom(loopback, 0), PS: ps.LocalAddr()})
+			Local: netip.AddrPortFrom(loopback, 0), PS: listen})
 		if err != nil {
 			t.Fatal(err)
 		}
 		c.workers = append(c.workers, wk)
+		job.Workers = append(job.Workers, wk.LocalAddr())
 	}
+	ps, err := NewPS(PSConfig{Listen: listen, Direct: true, Shards: shards, Jobs: []PSJob{job}})
+	if err != nil {
+		for _, w := range c.workers {
+			w.Close()
+		}
+		t.Fatal(err)
+	}
+	c.ps = ps
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { c.psErr <- ps.Serve(ctx) }()
 	t.Cleanup(func() {
@@ -84,7 +90,7 @@ func TestPSDirect(t *testing.T) {
 
 // Direct mode needs no switch address.
 func TestPSDirectConfig(t *testing.T) {
-	c := PSConfig{Listen: netip.MustParseAddrPort("10.0.0.2:9511"), Direct: true}.WithDefaults()
+	c := PSConfig{Listen: netip.MustParseAddrPort("10.0.0.2:9511"), Direct: true, Open: true}.WithDefaults()
 	if err := c.Validate(); err != nil {
 		t.Fatalf("Direct without Switch: %v", err)
 	}

@@ -1,6 +1,7 @@
 package hostlib
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 )
 
 // Worker defaults and limits.
@@ -34,12 +36,17 @@ const (
 )
 
 // WorkerConfig configures one worker of a job. Zero fields take their defaults (WithDefaults).
+//
+// Results are accepted only from PS, address and port (the switch broadcasts them, and answers
+// resends from a slot's copy, with the PS's address and the agg port as source; a PS answering
+// by itself sends from there too) and, after a Join, from the switch agent's address (its
+// retransmit cache). Results from anywhere else count in WorkerStats.Foreign.
 type WorkerConfig struct {
 	JobID      uint32         // != 0
 	WorkerID   uint8          // 0..NumWorkers-1: this worker's bit in the contributor bitmap
 	NumWorkers uint8          // 1..32: the fan-in, workers whose fragments make a sum
 	Local      netip.AddrPort // IPv4 address to bind; results arrive here (the switch is configured with it). Port 0 picks one (see LocalAddr)
-	PS         netip.AddrPort // where data packets go: PS IP + agg port (port 0: bpf.DefaultPort)
+	PS         netip.AddrPort // where data packets go: PS IP + agg port (port 0: bpf.DefaultPort); the source results must come from
 	PoolSize   uint32         // the switch's pool size (default 4096)
 	Window     int            // fragments in flight (default min(64, PoolSize/2)); 2*Window <= PoolSize
 	// ScaleLog2 is the fixed-point exponent: values travel as round(x * 2^ScaleLog2). Default 24,
@@ -66,6 +73,12 @@ type WorkerConfig struct {
 	// bpf.ValuesForMTU(mtu). Default bpf.StdValues (360, a 1500-byte MTU); at most bpf.MaxValues
 	// (832, MTU 3388). Every worker of a job must use the same K: it decides the fragments.
 	ValuesPerPacket int
+	// JobKey is the job's control key (ctlauth.KeySize bytes, from `xdpagg job add`; parse its
+	// hex with ctlauth.ParseKey). Join and Leave need it: every control message the worker sends
+	// (JOIN, LEAVE, and after a Join its ACKs and RETRANSMITs) is authenticated with it, and so
+	// must be the agent's answers. A worker that never joins (members set by the operator, or a
+	// PS in Direct mode) may leave it nil. NewWorker keeps a copy.
+	JobKey []byte
 }
 
 // WithDefaults returns c with zero fields set to their defaults and addresses unmapped to IPv4.
@@ -132,6 +145,9 @@ func (c WorkerConfig) Validate() error {
 		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, bpf.MaxValues)
 	case c.SocketBuffer < 0 || c.SocketBuffer > math.MaxInt32:
 		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
+	case c.JobKey != nil && len(c.JobKey) != ctlauth.KeySize:
+		return fmt.Errorf("%w: JobKey has %d bytes: use the job's %d-byte key (ctlauth.ParseKey of what `xdpagg job add` prints), or nil without Join",
+			ErrConfig, len(c.JobKey), ctlauth.KeySize)
 	}
 	return nil
 }
@@ -141,9 +157,10 @@ func (c WorkerConfig) Validate() error {
 // parameter packets).
 const FastLossResults = 3
 
-// WorkerStats are a worker's cumulative counters. Every well-formed result of the job counts in
-// exactly one of ResultsReceived, DuplicateResults and OverflowRepairs; ShadowResults,
-// ResultsFromPS and Collisions break ResultsReceived down.
+// WorkerStats are a worker's cumulative counters. Every datagram the worker receives counts in
+// exactly one of ResultsReceived, DuplicateResults, OverflowRepairs, Malformed, Foreign,
+// Unauthenticated, Replayed and ControlAcks; ShadowResults, ResultsFromPS, Collisions and
+// CacheResults break ResultsReceived down, CacheMisses ControlAcks.
 type WorkerStats struct {
 	DataSent         uint64        // DATA packets sent, retransmissions and float repairs included
 	Retransmits      uint64        // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
@@ -166,12 +183,23 @@ type WorkerStats struct {
 	Malformed        uint64        // packets dropped: unparsable, not a result of this job, or disagreeing with the fragment
 	SendErrors       uint64        // DATA packets the kernel refused to send (the retransmit timer covers them)
 	GSOMessages      uint64        // UDP GSO messages sent, each carrying several DATA packets
+	// Foreign counts datagrams dropped unread for their source: results not from the PS address
+	// and port (WorkerConfig.PS) nor, after a Join, from the switch agent; acknowledgements not
+	// from the switch address the worker sent its control messages to.
+	Foreign uint64
+	// Unauthenticated counts acknowledgements from the switch agent's address that do not open
+	// under JobKey (no trailer, a wrong tag); Replayed those that do but whose stamp is not newer
+	// than the last accepted from that address, or too far from this host's clock (ctlauth.Replay).
+	Unauthenticated uint64
+	Replayed        uint64
+	ControlAcks     uint64 // authenticated, fresh MSG_ACKs from the switch agent (Join/Leave answers, retransmit misses)
 }
 
 type workerCounters struct {
 	cacheReqs, cacheResults, cacheMisses, cacheLatNs, cacheLatN                                                         atomic.Uint64
 	ecnResults, windowCuts, cwndMilli, minCwndMilli                                                                     atomic.Uint64
 	rehashes                                                                                                            atomic.Uint64
+	foreign, unauth, replayed, ctlAcks                                                                                  atomic.Uint64
 	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
 
@@ -197,17 +225,24 @@ type Worker struct {
 	kick chan struct{} // receive goroutine -> AllReduce: op changed
 
 	// Control acknowledgements (Join/Leave), guarded by mu.
-	ackWant uint32 // nonce (seq) of the control message waiting for its MSG_ACK
-	ackGot  bool
+	ackWant    uint32                // nonce (seq) of the control message waiting for its MSG_ACK
+	ackGot     bool                  // its authenticated MSG_ACK arrived
+	ackPending bool                  // a Join/Leave waits for its MSG_ACK from ackFrom
+	ackFrom    unix.RawSockaddrInet4 // the switch address that Join/Leave sends to
+
+	// Control-message authentication: this worker's stamps, and the agent's last accepted ones
+	// (by its address).
+	stamper ctlauth.Stamper
+	replay  ctlauth.Replay[unix.RawSockaddrInet4]
 
 	// The switch agent this worker joined (guarded by mu): lost results are asked of its
 	// retransmit cache (MSG_RETRANSMIT), and received ones acknowledged (cumulative MSG_ACK).
 	ctrl    netip.AddrPort
 	ctrlRaw unix.RawSockaddrInet4
 	ctrlSet bool
-	ackPkt  [bpf.HdrSize]byte // the last cumulative ACK queued (stays put until flushed)
-	ackedTo int               // fragments of the running operation acknowledged so far
-	cacheAt map[uint32]int64  // seq -> when its result was asked of the cache (ns since epoch)
+	ackPkt  [ctlMsgSize]byte // the last cumulative ACK queued, sealed (stays put until flushed)
+	ackedTo int              // fragments of the running operation acknowledged so far
+	cacheAt map[uint32]int64 // seq -> when its result was asked of the cache (ns since epoch)
 
 	// AIMD congestion window (guarded by mu): fragments allowed in flight, 1..Window. After a
 	// cut, ECN on results of fragments sent before it is not cut again (one cut per RTT).
@@ -247,20 +282,23 @@ const (
 type fragment struct {
 	idx          int
 	state        fragState
-	repairQueued bool              // the receive goroutine asks AllReduce to send the float32 repair data
-	retries      int               // resends in the current state
-	later        int               // results of later fragments received since this one was (re)sent
-	sentAt       int64             // when it was last sent (ns since epoch)
-	fast         bool              // deemed lost early (FastLossResults): the next resend counts in FastResends
-	askedCache   bool              // a MSG_RETRANSMIT went to the switch agent for this fragment's result
-	ctl          [bpf.HdrSize]byte // the MSG_RETRANSMIT packet (stays put until flushed)
-	deadline     int64             // ns since epoch at which to resend
+	repairQueued bool             // the receive goroutine asks AllReduce to send the float32 repair data
+	retries      int              // resends in the current state
+	later        int              // results of later fragments received since this one was (re)sent
+	sentAt       int64            // when it was last sent (ns since epoch)
+	fast         bool             // deemed lost early (FastLossResults): the next resend counts in FastResends
+	askedCache   bool             // a MSG_RETRANSMIT went to the switch agent for this fragment's result
+	ctl          [ctlMsgSize]byte // the sealed MSG_RETRANSMIT packet (stays put until flushed)
+	deadline     int64            // ns since epoch at which to resend
 	plen         int
 	pkt          [MaxPacket]byte // the DATA packet as sent: resends repeat it byte for byte
 }
 
 // recvBatch is how many datagrams one recvmmsg takes.
 const recvBatch = 64
+
+// ctlMsgSize is a header-only control message (ACK, RETRANSMIT) with its authentication trailer.
+const ctlMsgSize = bpf.HdrSize + ctlauth.TrailerSize
 
 // NewWorker validates cfg and binds the worker's UDP socket now, in the calling thread's network
 // namespace (callers place workers in a namespace by creating them on a locked thread inside it).
@@ -270,6 +308,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.JobKey = bytes.Clone(cfg.JobKey)
 	// One step queues at most one packet per fragment in flight (data, repair or retransmit
 	// request) plus one cumulative ACK.
 	bc, err := listenBatch(cfg.Local, cfg.SocketBuffer, recvBatch, cfg.Window+1)
@@ -320,6 +359,7 @@ func (w *Worker) Stats() WorkerStats {
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
 		GSOMessages: w.bc.gsoMsgs.Load(),
+		Foreign:     s.foreign.Load(), Unauthenticated: s.unauth.Load(), Replayed: s.replayed.Load(), ControlAcks: s.ctlAcks.Load(),
 	}
 }
 
@@ -446,9 +486,11 @@ func (w *Worker) step() (wait int64, err error) {
 	var queued, resent, ctlQueued uint64
 	// Acknowledge results in steps of half a window, so the cache can let go of them early.
 	if w.ctrlSet && op.low-w.ackedTo >= max(win/2, 1) {
-		w.bc.queue(&w.ctrlRaw, w.encodeAck(uint32(op.seqBase+uint64(op.low))), nil)
+		if ack := w.encodeAck(uint32(op.seqBase + uint64(op.low))); ack != nil {
+			w.bc.queue(&w.ctrlRaw, ack, nil)
+			ctlQueued++
+		}
 		w.ackedTo = op.low
-		ctlQueued++
 	}
 	for i := op.low; i < op.next; i++ {
 		f := &op.ring[i%win]
@@ -495,9 +537,11 @@ func (w *Worker) step() (wait int64, err error) {
 				}
 				w.cacheAt[seq] = now
 				f.deadline = now + int64(w.cfg.Timeout)/2
-				w.bc.queue(&w.ctrlRaw, f.ctl[:], nil)
-				ctlQueued++
-				w.st.cacheReqs.Add(1)
+				if req := w.sealCtl(f.ctl[:]); req != nil {
+					w.bc.queue(&w.ctrlRaw, req, nil)
+					ctlQueued++
+					w.st.cacheReqs.Add(1)
+				}
 				earliest = min(earliest, f.deadline)
 				continue
 			}
@@ -584,13 +628,13 @@ func (w *Worker) adjustWindow(ecn bool, seq uint32) {
 	}
 }
 
-// encodeAck writes the cumulative MSG_ACK "every result before seq upTo is here" into ackPkt.
-// Called with mu held; the buffer stays put until the next ack, which a later step queues only
-// after this one's flush.
+// encodeAck writes the cumulative MSG_ACK "every result before seq upTo is here", sealed with
+// the job key, into ackPkt (nil without a valid key). Called with mu held; the buffer stays put
+// until the next ack, which a later step queues only after this one's flush.
 func (w *Worker) encodeAck(upTo uint32) []byte {
 	EncodeHeader(w.ackPkt[:], &bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: w.cfg.JobID, Seq: upTo,
 		WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
-	return w.ackPkt[:]
+	return w.sealCtl(w.ackPkt[:])
 }
 
 // encode writes fragment f's DATA packet from the (still original) tensor values. Called with mu
@@ -660,31 +704,36 @@ func (w *Worker) receive() {
 }
 
 // handleResult applies datagram i of the last receive batch. Called with mu held.
+//
+// What is accepted depends on where it comes from, checked first and cheaply (the source
+// address recvmmsg wrote next to each datagram): results from the PS's address and port, or
+// after a Join from the switch agent's (its retransmit cache); acknowledgements only from the
+// switch address the worker sends control messages to, and only authenticated (handleAck).
+// Anything else is counted Foreign and not even parsed.
 func (w *Worker) handleResult(i int) {
+	from := w.bc.rfrom(i)
+	fromPS := sameSource(from, &w.psAddr)
+	fromAgent := (w.ctrlSet && sameSource(from, &w.ctrlRaw)) || (w.ackPending && sameSource(from, &w.ackFrom))
+	if !fromPS && !fromAgent {
+		w.st.foreign.Add(1)
+		return
+	}
 	b, err := w.bc.rpkt(i)
 	if err != nil {
 		w.st.malformed.Add(1)
 		return
 	}
 	h, vals, err := ParsePacket(b)
-	if err == nil && h.Type == msgAck && h.JobId == w.cfg.JobID {
-		if h.Seq == w.ackWant {
-			w.ackGot = true
-			return
-		}
-		// The agent's answer to a retransmit request it could not serve.
-		op := &w.op
-		off := int64(h.Seq - uint32(op.seqBase))
-		if op.active && off >= int64(op.low) && off < int64(op.next) {
-			if f := &op.ring[int(off)%len(op.ring)]; f.idx == int(off) && f.askedCache && f.state == fragFixed {
-				w.st.cacheMisses.Add(1) // not complete yet (or evicted): the data timer decides
-				delete(w.cacheAt, h.Seq)
-			}
-		}
+	if err == nil && h.Type == msgAck {
+		w.handleAck(b, &h, from)
 		return
 	}
 	if err != nil || h.Type != msgResult || h.JobId != w.cfg.JobID {
 		w.st.malformed.Add(1)
+		return
+	}
+	if !fromPS && !(w.ctrlSet && sameSource(from, &w.ctrlRaw)) {
+		w.st.foreign.Add(1) // a result from a switch this worker has not (yet) joined
 		return
 	}
 	op := &w.op

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"net"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ func TestWorkerConfigDefaults(t *testing.T) {
 	want := WorkerConfig{JobID: 1, NumWorkers: 2, PS: netip.MustParseAddrPort("10.0.0.1:9510"),
 		Local: netip.AddrPortFrom(netip.Addr{}, 0), PoolSize: 4096, Window: 64, ScaleLog2: 24,
 		Timeout: 20 * time.Millisecond, MaxRetries: 50, SocketBuffer: 8 << 20, ValuesPerPacket: bpf.StdValues}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
 	}
 	if c := (WorkerConfig{PoolSize: 16}).WithDefaults(); c.Window != 8 {
@@ -46,6 +47,7 @@ func TestWorkerConfigValidate(t *testing.T) {
 		"Timeout":     func(c *WorkerConfig) { c.Timeout = -time.Second },
 		"MaxRetries":  func(c *WorkerConfig) { c.MaxRetries = -1 },
 		"SocketBuffe": func(c *WorkerConfig) { c.SocketBuffer = -1 },
+		"JobKey":      func(c *WorkerConfig) { c.JobKey = make([]byte, 16) },
 	}
 	for field, mutate := range bad {
 		c := good
@@ -187,26 +189,32 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// The worker drops what is not a result of its job, and counts stale results as duplicates.
+// The worker drops what is not a result of its job, and counts stale results as duplicates; the
+// same datagrams from anywhere but its PS's address and port are dropped unread (Foreign). Over
+// real sockets, so the source recvmmsg reports is what is checked.
 func TestWorkerDropsForeignPackets(t *testing.T) {
-	w := newLoneWorker(t, WorkerConfig{})
-	conn, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(w.LocalAddr()))
+	ps := blackHoleConn(t)
+	w := newLoneWorker(t, WorkerConfig{PS: ps.LocalAddr().(*net.UDPAddr).AddrPort()})
+	other, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}) // same host, another port
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer other.Close()
 	_, data := validData(3) // a DATA packet of job 7: not a result, not our job
 	res := append([]byte(nil), data...)
 	res[offType] = msgResult
 	res[offJob] = 3 // our job, but no AllReduce is running: a duplicate
-	for _, b := range [][]byte{{1, 2, 3}, data, make([]byte, 3000), res} {
-		if _, err := conn.Write(b); err != nil {
-			t.Fatal(err)
+	pkts := [][]byte{{1, 2, 3}, data, make([]byte, 3000), res}
+	for _, c := range []*net.UDPConn{other, ps} {
+		for _, b := range pkts {
+			if _, err := c.WriteToUDPAddrPort(b, w.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	waitFor(t, func() bool { s := w.Stats(); return s.Malformed+s.DuplicateResults == 4 })
-	if s := w.Stats(); s.Malformed != 3 || s.DuplicateResults != 1 {
-		t.Fatalf("stats %+v: want 3 malformed, 1 duplicate", s)
+	waitFor(t, func() bool { s := w.Stats(); return s.Malformed+s.DuplicateResults+s.Foreign == 8 })
+	if s := w.Stats(); s.Malformed != 3 || s.DuplicateResults != 1 || s.Foreign != 4 {
+		t.Fatalf("stats %+v: want 3 malformed, 1 duplicate (from the PS), 4 foreign (from elsewhere)", s)
 	}
 }
 

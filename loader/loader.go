@@ -31,8 +31,8 @@ var (
 
 // Limits of the compiled program, from bpf/xdpagg.h.
 const (
-	// MaxPoolSize bounds the slot array: each slot holds bpf.MaxValues values (about 3.4 KB), so
-	// 128 Ki slots take about 440 MiB of kernel memory.
+	// MaxPoolSize bounds the slot array: each slot holds bpf.MaxValues values (3,360 bytes a
+	// slot), so 128 Ki slots take about 420 MiB of kernel memory.
 	MaxPoolSize = 1 << 17
 	DefaultPort = bpf.DefaultPort
 )
@@ -54,7 +54,8 @@ type Config struct {
 	// when it is full, copies are dropped and counted (cache_full).
 	CacheResults bool
 	// PortRate is each port's capacity in bytes per second for ECN marking: the switch keeps a
-	// phantom queue of everything arriving at a port, drained at this rate, and marks xdpagg
+	// phantom queue per port of the frames it passes to the kernel and of xdpagg DATA (not
+	// RESULTs, control messages or frames it drops), drained at this rate, and marks xdpagg
 	// DATA with F_ECN while its backlog exceeds ECNThreshold (default 64 KiB). 0: no marking.
 	PortRate     uint64
 	ECNThreshold uint64

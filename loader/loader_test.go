@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -19,6 +20,7 @@ import (
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/maps"
 )
 
 // load loads a switch with cfg and closes it at cleanup.
@@ -116,14 +118,19 @@ func xdpProgID(t *testing.T, ifindex int) uint32 {
 
 func TestConfigWithDefaults(t *testing.T) {
 	got := loader.Config{}.WithDefaults()
-	want := loader.Config{Port: loader.DefaultPort, PoolSize: 4096, SlotTimeout: 5 * time.Second}
+	want := loader.Config{Port: loader.DefaultPort, PoolSize: 4096, SlotTimeout: 5 * time.Second,
+		ControlRate: 20000, ControlBurst: 2000}
 	if got != want {
 		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
+	}
+	if got.NoSourceCheck {
+		t.Error("defaults turn strict source validation off")
 	}
 	if loader.DefaultPort != 9510 {
 		t.Errorf("DefaultPort = %d, want 9510 (docs/protocol.md)", loader.DefaultPort)
 	}
-	set := loader.Config{Port: 1, PoolSize: 2, SlotTimeout: time.Millisecond, Generic: true}
+	set := loader.Config{Port: 1, PoolSize: 2, SlotTimeout: time.Millisecond, Generic: true,
+		NoSourceCheck: true, ControlRate: 1, ControlBurst: 1}
 	if got := set.WithDefaults(); got != set {
 		t.Errorf("WithDefaults changed set fields: %+v -> %+v", set, got)
 	}
@@ -152,6 +159,9 @@ func TestConfigValidate(t *testing.T) {
 			[]string{"slot timeout -1s", "at least 1ms"}},
 		{"zero slot timeout without defaults", loader.Config{Port: 1, PoolSize: 8},
 			[]string{"slot timeout 0s", "at least 1ms"}},
+		{"control rate 1e9", loader.Config{Port: 1, PoolSize: 8, SlotTimeout: time.Second, ControlRate: 1e9, ControlBurst: 1}, nil},
+		{"control rate too high", loader.Config{Port: 1, PoolSize: 8, SlotTimeout: time.Second, ControlRate: 1e9 + 1},
+			[]string{"control rate 1000000001/s", "at most 1e9"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()
@@ -177,6 +187,7 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []loader.Config{
 		{PoolSize: loader.MaxPoolSize + 1},
 		{SlotTimeout: time.Microsecond},
+		{ControlRate: 2e9},
 	} {
 		sw, err := loader.Load(cfg)
 		if !errors.Is(err, loader.ErrConfig) {
@@ -218,6 +229,41 @@ func TestSpec(t *testing.T) {
 	if timeout != 1_500_000_000 {
 		t.Errorf("slot_timeout_ns = %d, want 1500000000", timeout)
 	}
+	var check uint32
+	if err := spec.Variables[bpf.XdpaggVarSourceCheck].Get(&check); err != nil {
+		t.Fatalf("get source_check: %v", err)
+	}
+	if check != 1 {
+		t.Errorf("source_check = %d, want 1 (strict uRPF unless NoSourceCheck)", check)
+	}
+
+	// Control budget: one message per 1e9/rate ns, bursts of burst messages.
+	for _, tc := range []struct {
+		cfg             loader.Config
+		interval, burst uint64
+		sourceCheck     uint32
+	}{
+		{loader.Config{}.WithDefaults(), 50_000, 100_000_000, 1},
+		{loader.Config{ControlRate: 1000, ControlBurst: 10, NoSourceCheck: true}, 1_000_000, 10_000_000, 0},
+		{loader.Config{ControlRate: 3, ControlBurst: 0}, 333_333_333, 333_333_333, 1}, // burst at least one message
+		{loader.Config{ControlRate: 1e9, ControlBurst: 5}, 1, 5, 1},
+	} {
+		spec, err := loader.Spec(tc.cfg)
+		if err != nil {
+			t.Fatalf("Spec(%+v): %v", tc.cfg, err)
+		}
+		var interval, burst uint64
+		var check uint32
+		for name, dst := range map[string]any{bpf.XdpaggVarCtlIntervalNs: &interval, bpf.XdpaggVarCtlBurstNs: &burst, bpf.XdpaggVarSourceCheck: &check} {
+			if err := spec.Variables[name].Get(dst); err != nil {
+				t.Fatalf("get %s: %v", name, err)
+			}
+		}
+		if interval != tc.interval || burst != tc.burst || check != tc.sourceCheck {
+			t.Errorf("Spec(%+v): ctl_interval_ns %d ctl_burst_ns %d source_check %d; want %d %d %d",
+				tc.cfg, interval, burst, check, tc.interval, tc.burst, tc.sourceCheck)
+		}
+	}
 
 	// Every call starts from the embedded object: one configuration does not leak into the next.
 	spec2, err := loader.Spec(loader.Config{Port: 1, PoolSize: 3, SlotTimeout: time.Second})
@@ -234,7 +280,8 @@ func TestSpec(t *testing.T) {
 
 func TestLoadAppliesConfig(t *testing.T) {
 	sw := load(t, loader.Config{PoolSize: 33})
-	want := loader.Config{Port: loader.DefaultPort, PoolSize: 33, SlotTimeout: 5 * time.Second}
+	want := loader.Config{Port: loader.DefaultPort, PoolSize: 33, SlotTimeout: 5 * time.Second,
+		ControlRate: 20000, ControlBurst: 2000}
 	if sw.Config != want {
 		t.Errorf("Config = %+v, want the defaults applied: %+v", sw.Config, want)
 	}
@@ -242,8 +289,14 @@ func TestLoadAppliesConfig(t *testing.T) {
 		t.Errorf("Maps.PoolSize() = %d, want 33", got)
 	}
 	if sw.Maps.Slots != sw.Objects.Slots || sw.Maps.Members != sw.Objects.Members ||
-		sw.Maps.Ports != sw.Objects.Ports || sw.Maps.Counters != sw.Objects.Counters {
+		sw.Maps.Ports != sw.Objects.Ports || sw.Maps.Counters != sw.Objects.Counters ||
+		sw.Maps.Workers != sw.Objects.Workers || sw.Maps.Jobs != sw.Objects.Jobs ||
+		sw.Maps.JobKeys != sw.Objects.JobKeys || sw.Maps.CtlBudget != sw.Objects.CtlBudget ||
+		sw.Maps.Results != sw.Objects.Results {
 		t.Error("Maps does not wrap the loaded objects' maps")
+	}
+	if sw.Maps.GC != sw.Objects.XdpaggGc || sw.Maps.GC == nil {
+		t.Error("Maps does not wrap the loaded garbage collector program")
 	}
 	if p := sw.Ports(); len(p) != 0 {
 		t.Errorf("fresh switch has ports %v", p)
@@ -264,7 +317,11 @@ func TestPinAndClose(t *testing.T) {
 	if err := sw.Pin(dir); err != nil {
 		t.Fatalf("Pin: %v", err)
 	}
-	names := []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts, bpf.XdpaggMapCounters, bpf.XdpaggMapWorkers, bpf.XdpaggMapJobs}
+	names := []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts, bpf.XdpaggMapCounters,
+		bpf.XdpaggMapWorkers, bpf.XdpaggMapJobs, bpf.XdpaggMapJobKeys, bpf.XdpaggMapCtlBudget}
+	if !slices.Equal(maps.PinnedMaps, names) {
+		t.Errorf("maps.PinnedMaps = %v, want %v", maps.PinnedMaps, names)
+	}
 	for _, name := range names {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", name), nil)
 		if err != nil {
@@ -278,6 +335,34 @@ func TestPinAndClose(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "links")); err != nil || !fi.IsDir() {
 		t.Errorf("links directory: %v", err)
+	}
+	// The garbage collector is pinned for `xdpagg job rm` (maps.OpenPinned), and nothing else is.
+	gc, err := ebpf.LoadPinnedProgram(filepath.Join(dir, maps.PinnedGC), nil)
+	if err != nil {
+		t.Errorf("open pinned garbage collector: %v", err)
+	} else {
+		if info, err := gc.Info(); err != nil || info.Name != "xdpagg_gc" {
+			t.Errorf("pinned program %v, %v; want xdpagg_gc", info, err)
+		}
+		gc.Close()
+	}
+	if progs, err := os.ReadDir(filepath.Join(dir, "progs")); err != nil || len(progs) != 1 || progs[0].Name() != "xdpagg_gc" {
+		t.Errorf("progs directory: %v, %v; want only xdpagg_gc", progs, err)
+	}
+	// The pins open as a whole through maps.OpenPinned.
+	pm, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatalf("OpenPinned: %v", err)
+	}
+	if err := pm.AddJob(maps.Job{JobID: 3, PS: netip.MustParseAddrPort("10.0.0.1:9510"), PSIfindex: 1, Workers: 1, MaxSlots: 1},
+		make([]byte, maps.KeySize)); err != nil {
+		t.Errorf("AddJob through the pins: %v", err)
+	}
+	if _, err := pm.RemoveJob(3); err != nil {
+		t.Errorf("RemoveJob through the pins (runs the pinned garbage collector): %v", err)
+	}
+	if err := pm.Close(); err != nil {
+		t.Errorf("close pinned maps: %v", err)
 	}
 	entries, err := os.ReadDir(filepath.Join(dir, "maps"))
 	if err != nil {
@@ -298,11 +383,19 @@ func TestPinAndClose(t *testing.T) {
 	if err := sw.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("pin directory after Close: %v, want it gone", err)
+	for _, p := range append([]string{dir, filepath.Join(dir, maps.PinnedGC), filepath.Join(dir, "progs")}, names...) {
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, "maps", p)
+		}
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Close: %v, want it gone", p, err)
+		}
 	}
 	if _, err := os.Stat(root); err != nil {
 		t.Errorf("Close removed the bpffs root too: %v", err)
+	}
+	if _, err := maps.OpenPinned(dir); !errors.Is(err, maps.ErrNoSwitch) {
+		t.Errorf("OpenPinned after Close = %v, want ErrNoSwitch", err)
 	}
 }
 

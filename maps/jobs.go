@@ -42,7 +42,7 @@ type Job struct {
 	JobID     uint32         `json:"job"`
 	PS        netip.AddrPort `json:"ps"`         // the PS's IPv4 address and UDP port: the only RESULT source
 	PSIfindex uint32         `json:"ps_ifindex"` // switch port the PS is behind
-	Workers   uint8          `json:"workers"`    // admitted workers: every sum has exactly this fan-in
+	Workers   uint8          `json:"workers"`    // admitted workers: ids 0..Workers-1 may join (the datapath takes a sum's fan-in from the packets)
 	MaxSlots  uint32         `json:"max_slots"`  // slot quota
 	Held      int32          `json:"held"`       // slots held now (read from the datapath; ignored by AddJob)
 	Joined    uint32         `json:"joined"`     // bitmap of worker ids bound now (ListJobs/GetJob)
@@ -391,6 +391,37 @@ func (m *Maps) DeleteMember(job, ifindex uint32) error {
 // xdpagg_gc program: one compare-and-free per slot under its spin lock, on the datapath's clock.
 func (m *Maps) ReclaimIdle() (int, error) { return m.collect(0) }
 
+// DatapathNow reads the clock the switch stamps slots with (bpf_ktime_get_ns, the host's
+// CLOCK_MONOTONIC), by running the garbage collector over no slot. User space in a time namespace
+// (unshare -T) sees another CLOCK_MONOTONIC; this one is right there too.
+func (m *Maps) DatapathNow() (uint64, error) {
+	if m.GC == nil {
+		return 0, fmt.Errorf("no garbage collector program")
+	}
+	res, err := m.runGC(bpf.XdpaggGcArgs{})
+	return res.NowNs, err
+}
+
+func (m *Maps) runGC(args bpf.XdpaggGcArgs) (bpf.XdpaggGcArgs, error) {
+	var res bpf.XdpaggGcArgs
+	in, err := binary.Append(nil, binary.LittleEndian, &args)
+	if err != nil {
+		return res, fmt.Errorf("encode garbage collector arguments: %w", err)
+	}
+	out := make([]byte, len(in))
+	ret, err := m.GC.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+	if err != nil {
+		return res, fmt.Errorf("run garbage collector: %w", err)
+	}
+	if ret != 2 { // XDP_PASS
+		return res, fmt.Errorf("garbage collector returned %d", ret)
+	}
+	if _, err := binary.Decode(out, binary.LittleEndian, &res); err != nil {
+		return res, fmt.Errorf("decode garbage collector answer: %w", err)
+	}
+	return res, nil
+}
+
 // collect runs xdpagg_gc over the whole pool: idle slots for job 0, else job's slots.
 func (m *Maps) collect(job uint32) (int, error) {
 	if m.GC == nil {
@@ -399,24 +430,10 @@ func (m *Maps) collect(job uint32) (int, error) {
 	pool := m.PoolSize()
 	batch := uint32(bpf.XdpaggLimitLIMIT_GC_BATCH)
 	freed := 0
-	buf := make([]byte, 16)
 	for first := uint32(0); first < pool; first += batch {
-		args := bpf.XdpaggGcArgs{First: first, Count: min(batch, pool-first), JobId: job}
-		in, err := binary.Append(buf[:0], binary.LittleEndian, &args)
+		res, err := m.runGC(bpf.XdpaggGcArgs{First: first, Count: min(batch, pool-first), JobId: job})
 		if err != nil {
-			return freed, fmt.Errorf("encode garbage collector arguments: %w", err)
-		}
-		out := make([]byte, len(in))
-		ret, err := m.GC.Run(&ebpf.RunOptions{Data: in, DataOut: out})
-		if err != nil {
-			return freed, fmt.Errorf("run garbage collector: %w", err)
-		}
-		if ret != 2 { // XDP_PASS
-			return freed, fmt.Errorf("garbage collector returned %d", ret)
-		}
-		var res bpf.XdpaggGcArgs
-		if _, err := binary.Decode(out, binary.LittleEndian, &res); err != nil {
-			return freed, fmt.Errorf("decode garbage collector answer: %w", err)
+			return freed, err
 		}
 		freed += int(res.Freed)
 	}

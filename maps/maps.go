@@ -254,14 +254,14 @@ func StateName(s uint8) string {
 	return fmt.Sprintf("state_%d", s)
 }
 
-// SlotsInUse lists every slot that is not free. Ages are against CLOCK_MONOTONIC, the clock of
+// SlotsInUse lists every slot that is not free. Ages are against the datapath's own clock
+// (DatapathNow), the clock of
 // bpf_ktime_get_ns.
 func (m *Maps) SlotsInUse() ([]SlotInfo, error) {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return nil, fmt.Errorf("read monotonic clock: %w", err)
+	now, err := m.DatapathNow()
+	if err != nil {
+		return nil, err
 	}
-	now := uint64(ts.Nano())
 	var out []SlotInfo
 	var (
 		idx uint32
@@ -295,6 +295,29 @@ func (m *Maps) ResetSlots() error {
 	for i := range m.PoolSize() {
 		if err := m.Slots.Put(i, &zero); err != nil {
 			return fmt.Errorf("reset slot %d: %w", i, err)
+		}
+	}
+	// No job holds a slot now. Rewriting a job entry would lose the datapath's concurrent adds
+	// to held, which is why this is only safe while no job is running.
+	var (
+		id  uint32
+		v   bpf.XdpaggJob
+		ids []uint32
+	)
+	it := m.Jobs.Iterate()
+	for it.Next(&id, &v) {
+		ids = append(ids, id)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate jobs: %w", err)
+	}
+	for _, id := range ids {
+		if err := m.Jobs.Lookup(&id, &v); err != nil {
+			continue // removed meanwhile
+		}
+		v.Held = 0
+		if err := m.Jobs.Update(&id, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("reset held slots of job %d: %w", id, err)
 		}
 	}
 	return nil

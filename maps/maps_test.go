@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -127,6 +126,10 @@ func TestMembersRoundTrip(t *testing.T) {
 	if got, err := m.ListMembers(); err != nil || len(got) != 0 {
 		t.Fatalf("fresh switch: ListMembers = %v, %v; want none", got, err)
 	}
+	// Members exist only for admitted jobs, and their results come from the job's PS.
+	admit(t, m, 7, "10.200.9.2:9510", 32)
+	admit(t, m, 3, "172.16.0.1:9510", 32)
+	admit(t, m, 1<<31, "4.3.2.1:1", 32)
 	in := []maps.Member{
 		{JobID: 7, WorkerID: 2, Ifindex: 5, Addr: netip.MustParseAddrPort("10.200.1.2:40000"),
 			MAC: mac(1), PortMAC: mac(0x11), SrcIP: netip.MustParseAddr("10.200.9.2")},
@@ -206,24 +209,27 @@ func memberEqual(a, b maps.Member) bool {
 
 func TestPutMemberRejects(t *testing.T) {
 	sw := load(t, 4)
+	admit(t, sw.Maps, 1, "10.0.0.9:9510", 32)
 	good := maps.Member{JobID: 1, WorkerID: 0, Ifindex: 2, Addr: netip.MustParseAddrPort("10.0.0.2:9510"),
 		MAC: mac(1), PortMAC: mac(2), SrcIP: netip.MustParseAddr("10.0.0.9")}
 	for _, tc := range []struct {
 		name string
 		edit func(*maps.Member)
+		is   error
 		want string
 	}{
-		{"job 0", func(m *maps.Member) { m.JobID = 0 }, "job id 0"},
-		{"IPv6 worker", func(m *maps.Member) { m.Addr = netip.MustParseAddrPort("[fd00::2]:9510") }, "IPv4"},
-		{"IPv4-mapped IPv6 worker", func(m *maps.Member) { m.Addr = netip.MustParseAddrPort("[::ffff:10.0.0.2]:9510") }, "IPv4"},
-		{"IPv6 source", func(m *maps.Member) { m.SrcIP = netip.MustParseAddr("fd00::9") }, "IPv4"},
-		{"no source", func(m *maps.Member) { m.SrcIP = netip.Addr{} }, "IPv4"},
-		{"no worker address", func(m *maps.Member) { m.Addr = netip.AddrPort{} }, "IPv4"},
-		{"short MAC", func(m *maps.Member) { m.MAC = m.MAC[:5] }, "6 bytes"},
-		{"nil MAC", func(m *maps.Member) { m.MAC = nil }, "6 bytes"},
-		{"long port MAC", func(m *maps.Member) { m.PortMAC = append(mac(2), 0, 0) }, "6 bytes"},
-		{"worker 32", func(m *maps.Member) { m.WorkerID = 32 }, "worker id 32"},
-		{"worker 255", func(m *maps.Member) { m.WorkerID = 255 }, "use 0..31"},
+		{"job 0", func(m *maps.Member) { m.JobID = 0 }, maps.ErrNoJob, "job 0"},
+		{"IPv6 worker", func(m *maps.Member) { m.Addr = netip.MustParseAddrPort("[fd00::2]:9510") }, maps.ErrBadMember, "IPv4"},
+		{"IPv4-mapped IPv6 worker", func(m *maps.Member) { m.Addr = netip.MustParseAddrPort("[::ffff:10.0.0.2]:9510") }, maps.ErrBadMember, "IPv4"},
+		{"IPv6 source", func(m *maps.Member) { m.SrcIP = netip.MustParseAddr("fd00::9") }, maps.ErrBadMember, "from its PS 10.0.0.9"},
+		{"IPv4-mapped PS as source", func(m *maps.Member) { m.SrcIP = netip.MustParseAddr("::ffff:10.0.0.9") }, maps.ErrBadMember, "from its PS 10.0.0.9"},
+		{"another source", func(m *maps.Member) { m.SrcIP = netip.MustParseAddr("10.0.0.10") }, maps.ErrBadMember, "not 10.0.0.10"},
+		{"no worker address", func(m *maps.Member) { m.Addr = netip.AddrPort{} }, maps.ErrBadMember, "IPv4"},
+		{"short MAC", func(m *maps.Member) { m.MAC = m.MAC[:5] }, maps.ErrBadMember, "6 bytes"},
+		{"nil MAC", func(m *maps.Member) { m.MAC = nil }, maps.ErrBadMember, "6 bytes"},
+		{"long port MAC", func(m *maps.Member) { m.PortMAC = append(mac(2), 0, 0) }, maps.ErrBadMember, "6 bytes"},
+		{"worker 32", func(m *maps.Member) { m.WorkerID = 32 }, maps.ErrBadMember, "worker id 32"},
+		{"worker 255", func(m *maps.Member) { m.WorkerID = 255 }, maps.ErrBadMember, "workers 0..31"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mb := good
@@ -231,8 +237,8 @@ func TestPutMemberRejects(t *testing.T) {
 			mb.PortMAC = slices.Clone(good.PortMAC)
 			tc.edit(&mb)
 			err := sw.Maps.PutMember(mb)
-			if !errors.Is(err, maps.ErrBadMember) {
-				t.Fatalf("PutMember(%+v) = %v, want ErrBadMember", mb, err)
+			if !errors.Is(err, tc.is) {
+				t.Fatalf("PutMember(%+v) = %v, want %v", mb, err, tc.is)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not say %q", err, tc.want)
@@ -242,9 +248,27 @@ func TestPutMemberRejects(t *testing.T) {
 	if got, _ := sw.Maps.ListMembers(); len(got) != 0 {
 		t.Errorf("rejected members were written: %+v", got)
 	}
+	if j, err := sw.Maps.GetJob(1); err != nil || j.Joined != 0 {
+		t.Errorf("rejected members bound worker ids: %+v, %v", j, err)
+	}
 	good.WorkerID = 31
 	if err := sw.Maps.PutMember(good); err != nil {
 		t.Errorf("PutMember(worker 31) = %v", err)
+	}
+	// No source: the job's PS is filled in.
+	good.WorkerID, good.Ifindex, good.SrcIP = 30, 3, netip.Addr{}
+	if err := sw.Maps.PutMember(good); err != nil {
+		t.Fatalf("PutMember(no source) = %v", err)
+	}
+	if got, err := sw.Maps.Member(1, 3); err != nil || got.SrcIP != netip.MustParseAddr("10.0.0.9") {
+		t.Errorf("member without a source = %+v, %v; want the PS 10.0.0.9 as its source", got, err)
+	}
+	good.WorkerID, good.Ifindex, good.SrcIP = 29, 4, netip.IPv4Unspecified()
+	if err := sw.Maps.PutMember(good); err != nil {
+		t.Fatalf("PutMember(source 0.0.0.0) = %v", err)
+	}
+	if got, err := sw.Maps.Member(1, 4); err != nil || got.SrcIP != netip.MustParseAddr("10.0.0.9") {
+		t.Errorf("member with source 0.0.0.0 = %+v, %v; want the PS 10.0.0.9 as its source", got, err)
 	}
 }
 
@@ -402,6 +426,7 @@ func TestOpenPinned(t *testing.T) {
 		t.Fatalf("Pin: %v", err)
 	}
 	bumpCounters(t, sw)
+	key := admit(t, sw.Maps, 4, "10.1.2.2:9510", 2)
 	mb := maps.Member{JobID: 4, WorkerID: 1, Ifindex: 3, Addr: netip.MustParseAddrPort("10.1.1.2:5000"),
 		MAC: mac(1), PortMAC: mac(2), SrcIP: netip.MustParseAddr("10.1.2.2")}
 	if err := sw.Maps.PutMember(mb); err != nil {
@@ -434,12 +459,36 @@ func TestOpenPinned(t *testing.T) {
 	if err != nil || len(ms) != 1 || !memberEqual(ms[0], mb) {
 		t.Errorf("pinned ListMembers = %+v, %v; want [%+v]", ms, err, mb)
 	}
+	// The pinned maps hold the admitted job and its key.
+	if j, err := p.GetJob(4); err != nil || j.PS != netip.MustParseAddrPort("10.1.2.2:9510") || j.Joined != 1<<1 {
+		t.Errorf("pinned GetJob(4) = %+v, %v; want PS 10.1.2.2:9510, worker 1 joined", j, err)
+	}
+	if k, err := p.JobKey(4); err != nil || !slices.Equal(k, key) {
+		t.Errorf("pinned JobKey(4) = %x, %v; want %x", k, err, key)
+	}
 	// Writes through the pinned maps reach the loaded switch.
 	if err := p.DeleteMember(4, 3); err != nil {
 		t.Fatalf("pinned DeleteMember: %v", err)
 	}
 	if ms, _ := sw.Maps.ListMembers(); len(ms) != 0 {
 		t.Errorf("member deleted through the pins still in the loaded switch: %+v", ms)
+	}
+	// The pinned garbage collector runs on the loaded switch's slots.
+	if p.GC == nil {
+		t.Fatal("OpenPinned did not open the garbage collector")
+	}
+	s := bpf.XdpaggSlot{JobId: 4, Seq: 1, State: uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), FanIn: 2, Nvals: 1}
+	if err := sw.Maps.Slots.Put(uint32(5), &s); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.RemoveJob(4); err != nil || n != 1 {
+		t.Errorf("pinned RemoveJob(4) = %d, %v; want 1 slot freed", n, err)
+	}
+	if _, err := sw.Maps.GetJob(4); !errors.Is(err, maps.ErrNoJob) {
+		t.Errorf("job removed through the pins: loaded GetJob = %v, want ErrNoJob", err)
+	}
+	if used, err := sw.Maps.SlotsInUse(); err != nil || len(used) != 0 {
+		t.Errorf("slots after pinned RemoveJob: %+v, %v; want none", used, err)
 	}
 	if err := p.Close(); err != nil {
 		t.Errorf("Close pinned maps: %v", err)
@@ -448,7 +497,7 @@ func TestOpenPinned(t *testing.T) {
 
 func TestCloseOfNewLeavesMapsOpen(t *testing.T) {
 	sw := load(t, 4)
-	m := maps.New(&sw.Objects.XdpaggMaps)
+	m := maps.New(&sw.Objects)
 	if err := m.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -477,30 +526,3 @@ func load(t *testing.T, pool uint32) *loader.Switch {
 }
 
 func skipIfUnsupported(t *testing.T, what string, err error) { t.Helper(); bpftest.Check(t, what, err) }
-
-// ReclaimIdle frees slots idle past the limit, whatever their state, and leaves young ones.
-func TestReclaimIdle(t *testing.T) {
-	sw := load(t, 8)
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		t.Fatal(err)
-	}
-	now := uint64(ts.Nano())
-	put := func(idx uint32, state bpf.XdpaggSlotState, age time.Duration) {
-		s := bpf.XdpaggSlot{JobId: 1, Seq: idx, State: uint8(state), FanIn: 2, Nvals: 1, TsNs: now - uint64(age)}
-		if err := sw.Maps.Slots.Update(idx, &s, ebpf.UpdateLock); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put(1, bpf.XdpaggSlotStateSLOT_AGGREGATING, time.Hour)
-	put(2, bpf.XdpaggSlotStateSLOT_COMPLETE, time.Hour)
-	put(3, bpf.XdpaggSlotStateSLOT_AGGREGATING, 0)
-	n, err := sw.Maps.ReclaimIdle(time.Minute)
-	if err != nil || n != 2 {
-		t.Fatalf("ReclaimIdle = %d, %v; want 2 freed", n, err)
-	}
-	used, err := sw.Maps.SlotsInUse()
-	if err != nil || len(used) != 1 || used[0].Index != 3 {
-		t.Fatalf("in use after reclaim: %+v, %v; want only the young slot 3", used, err)
-	}
-}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
@@ -326,6 +327,17 @@ func (b *bench) attachDrivers() (release func() error, err error) {
 // setup attaches the switch to every port, makes each host a member of the job and builds the
 // job's frame.
 func (b *bench) setup() error {
+	// The job, admitted as `xdpagg job add` does. Its PS does not exist (no results come from
+	// it); the quota is the whole pool, so the measurement never diverts to the PS.
+	key, err := ctlauth.NewKey()
+	if err != nil {
+		return err
+	}
+	last := b.topo.Workers[len(b.topo.Workers)-1]
+	if err := b.sw.Maps.AddJob(maps.Job{JobID: jobID, PS: netip.AddrPortFrom(psIP, loader.DefaultPort), PSIfindex: uint32(last.PortIndex),
+		Workers: uint8(bpf.MaxWorkers), MaxSlots: b.sw.Maps.PoolSize()}, key); err != nil {
+		return fmt.Errorf("admit the job: %w", err)
+	}
 	for w, h := range b.topo.Workers {
 		if err := b.sw.AttachPort(h.PortIndex); err != nil {
 			return fmt.Errorf("attach switch to %s: %w", h.Port, err)
@@ -352,7 +364,6 @@ func (b *bench) setup() error {
 	if b.opt.Gradient {
 		b.vals = gradient(b.opt.Values)
 	}
-	var err error
 	b.frame, err = b.dataFrame(b.opt.Workers)
 	return err
 }

@@ -24,11 +24,12 @@ func requireTorch(tb testing.TB) {
 	}
 }
 
-// newTopo builds a W-worker topology and checks on cleanup that nothing is left behind.
+// newTopo builds a W-worker topology as the benchmark runs Gloo on (plain kernel forwarding, the
+// kernel's default offloads) and checks on cleanup that nothing is left behind.
 func newTopo(tb testing.TB, workers int) *topo.Topology {
 	tb.Helper()
 	prefix := topo.NewPrefix()
-	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: workers})
+	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: workers, KernelOffloads: true})
 	if err != nil {
 		tb.Fatalf("topo.New: %v", err)
 	}

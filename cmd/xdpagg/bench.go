@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,8 +22,9 @@ import (
 
 // benchOutput is what --json prints and bench.json holds.
 type benchOutput struct {
-	Report   *bench.Report    `json:"report,omitempty"`
-	Capacity *capacity.Result `json:"switch_capacity,omitempty"`
+	Report   *bench.Report         `json:"report,omitempty"`
+	LossCost *bench.LossCostResult `json:"loss_cost,omitempty"`
+	Capacity *capacity.Result      `json:"switch_capacity,omitempty"`
 }
 
 func runBench(args []string, stdout io.Writer) error {
@@ -38,6 +40,8 @@ func runBench(args []string, stdout io.Writer) error {
 		asJSON  = fs.Bool("json", false, "print the JSON report instead of the table")
 		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames vs bare XDP_TX) instead of the modes")
 		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
+		lossOne = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
+		pairs   = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
 		quiet   = fs.Bool("quiet", false, "no progress line")
 		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
 		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
@@ -83,8 +87,17 @@ func runBench(args []string, stdout io.Writer) error {
 	}
 
 	var res benchOutput
-	if !*capOnly {
+	if !*capOnly && !*lossOne {
 		if res.Report, err = bench.Run(ctx, opts); err != nil {
+			return err
+		}
+	}
+	if *lossOne || (!*capOnly && *pairs > 0 && slices.Contains(opts.Modes, bench.ModeXdpagg)) {
+		lopts := bench.LossCostOptions{Pairs: *pairs, MTU: *mtu, Window: *window, Progress: opts.Progress}
+		if lopts.Pairs <= 0 {
+			lopts.Pairs = 15
+		}
+		if res.LossCost, err = bench.LossCost(ctx, lopts); err != nil {
 			return err
 		}
 	}
@@ -124,7 +137,15 @@ func runBench(args []string, stdout io.Writer) error {
 	}
 	if res.Report != nil {
 		res.Report.Table(stdout)
+	}
+	if res.LossCost != nil {
+		fmt.Fprintln(stdout)
+		res.LossCost.Table(stdout)
+	}
+	if res.Report != nil {
 		fmt.Fprintf(stdout, "\nwrote %s and %s\n", jsonPath, pngPath)
+	} else {
+		fmt.Fprintf(stdout, "\nwrote %s\n", jsonPath)
 	}
 	if res.Capacity != nil {
 		fmt.Fprintln(stdout)

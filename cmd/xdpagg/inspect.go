@@ -129,9 +129,9 @@ func runInspect(args []string, stdout io.Writer) error {
 	if len(in.Jobs) > 0 {
 		fmt.Fprintln(stdout)
 		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "JOB\tPS\tWORKERS\tSLOTS AGGREGATING\tSLOTS COMPLETE")
+		fmt.Fprintln(tw, "JOB\tPS\tWORKERS\tJOINED\tSLOTS AGGREGATING\tSLOTS COMPLETE\tMAX SLOTS")
 		for _, j := range in.Jobs {
-			fmt.Fprintf(tw, "%d\t%v\t%#x\t%d\t%d\n", j.JobID, j.PS, j.Workers, j.Aggregating, j.Complete)
+			fmt.Fprintf(tw, "%d\t%v\t%d\t%#x\t%d\t%d\t%d\n", j.JobID, j.PS, j.Workers, j.Joined, j.Aggregating, j.Complete, j.MaxSlots)
 		}
 		tw.Flush()
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"text/tabwriter"
 
@@ -68,7 +69,7 @@ func runJobAdd(args []string, stdout io.Writer) error {
 	name, pinRoot := switchFlags(fs)
 	var (
 		id       = fs.Uint("id", 0, "job id to admit, 1..4294967295 (required)")
-		workers  = fs.Uint("workers", 0, "workers in the job, 1..32: every sum has exactly this many contributions (required)")
+		workers  = fs.Uint("workers", 0, "workers in the job, 1..32: worker ids 0..N-1 may join (required)")
 		ps       = fs.String("ps", "", "the job's parameter server as IPv4[:port] (port default 9510); the only source of its results (required)")
 		psIface  = fs.String("ps-iface", "", "switch port the PS is behind (default: the port the switch routes the PS's address to)")
 		maxSlots = fs.Uint("max-slots", 0, "most aggregator slots the job may hold (default: a quarter of the pool, at least 128)")
@@ -110,15 +111,21 @@ func runJobAdd(args []string, stdout io.Writer) error {
 	}
 	j := maps.Job{JobID: uint32(*id), PS: psAddr, PSIfindex: ifindex, Workers: uint8(*workers), MaxSlots: quota}
 	if *keyFile != "" {
-		// Written before admission: a job never exists without its key somewhere.
-		if err := os.WriteFile(*keyFile, []byte(ctlauth.FormatKey(key)+"\n"), 0o600); err != nil {
-			return fmt.Errorf("write key file: %w", err)
+		// Written before admission, to a new file next to its destination: a job never exists
+		// without its key somewhere, the file is 0600 whatever was there before, and a refused
+		// admission (the id is taken) leaves an existing key file (the running job's) alone.
+		tmp, err := writeKeyTemp(*keyFile, key)
+		if err != nil {
+			return err
 		}
-	}
-	if err := m.AddJob(j, key); err != nil {
-		if *keyFile != "" {
-			_ = os.Remove(*keyFile)
+		if err := m.AddJob(j, key); err != nil {
+			_ = os.Remove(tmp)
+			return err
 		}
+		if err := os.Rename(tmp, *keyFile); err != nil {
+			return fmt.Errorf("job %d admitted, but its key is in %s: %w", j.JobID, tmp, err)
+		}
+	} else if err := m.AddJob(j, key); err != nil {
 		return err
 	}
 	out := jobAdded{Job: j}
@@ -137,6 +144,26 @@ func runJobAdd(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "key written to %s\n", *keyFile)
 	}
 	return nil
+}
+
+// writeKeyTemp writes key (hex) to a new file of mode 0600 in path's directory and returns its name.
+func writeKeyTemp(path string, key []byte) (string, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return "", fmt.Errorf("write key file: %w", err)
+	}
+	_, err = f.WriteString(ctlauth.FormatKey(key) + "\n")
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", fmt.Errorf("write key file: %w", err)
+	}
+	return f.Name(), nil
 }
 
 func parsePS(s string) (netip.AddrPort, error) {
@@ -228,7 +255,7 @@ func runJobRm(args []string, stdout io.Writer) error {
 	defer m.Close()
 	freed, err := m.RemoveJob(uint32(*id))
 	if errors.Is(err, maps.ErrNoJob) {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if err != nil {
 		return err

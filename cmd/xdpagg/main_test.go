@@ -177,6 +177,15 @@ type inspectJSON struct {
 		Addr    string `json:"addr"`
 		SrcIP   string `json:"src_ip"`
 	} `json:"members"`
+	Jobs []struct {
+		JobID       uint32 `json:"job"`
+		PS          string `json:"ps"`
+		Workers     uint8  `json:"workers"`
+		Joined      uint32 `json:"joined"`
+		MaxSlots    uint32 `json:"max_slots"`
+		Aggregating int    `json:"slots_aggregating"`
+		Complete    int    `json:"slots_complete"`
+	} `json:"jobs"`
 	InUse *int `json:"slots_in_use"`
 	Slots []struct {
 		Index uint32 `json:"index"`
@@ -229,6 +238,10 @@ func TestInspectJSON(t *testing.T) {
 
 func TestInspectShowsState(t *testing.T) {
 	sw, root := pinnedSwitch(t, "t", 8)
+	if err := sw.Maps.AddJob(maps.Job{JobID: 3, PS: netip.MustParseAddrPort("10.200.9.2:9510"), PSIfindex: 11, Workers: 4, MaxSlots: 8},
+		make([]byte, maps.KeySize)); err != nil {
+		t.Fatal(err)
+	}
 	mb := maps.Member{JobID: 3, WorkerID: 2, Ifindex: 11, Addr: netip.MustParseAddrPort("10.200.1.2:40001"),
 		MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, PortMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2},
 		SrcIP: netip.MustParseAddr("10.200.9.2")}
@@ -238,6 +251,11 @@ func TestInspectShowsState(t *testing.T) {
 	slot := bpf.XdpaggSlot{JobId: 3, Seq: 5, Bitmap: 1, Nvals: 4, FanIn: 2, Counter: 1,
 		State: uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), TsNs: ^uint64(0)}
 	if err := sw.Maps.Slots.Put(uint32(6), &slot); err != nil {
+		t.Fatal(err)
+	}
+	gone := bpf.XdpaggSlot{JobId: 9, Seq: 1, Bitmap: 3, Nvals: 4, FanIn: 2, Counter: 2,
+		State: uint8(bpf.XdpaggSlotStateSLOT_COMPLETE), TsNs: ^uint64(0)} // of a job no longer admitted
+	if err := sw.Maps.Slots.Put(uint32(7), &gone); err != nil {
 		t.Fatal(err)
 	}
 	frame := make([]byte, 64)
@@ -261,11 +279,17 @@ func TestInspectShowsState(t *testing.T) {
 		in.Members[0].Ifindex != 11 || in.Members[0].Addr != "10.200.1.2:40001" || in.Members[0].SrcIP != "10.200.9.2" {
 		t.Errorf("members = %+v, want job 3 worker 2 ifindex 11 at 10.200.1.2:40001", in.Members)
 	}
-	if in.InUse == nil || *in.InUse != 1 {
-		t.Errorf("slots_in_use = %v, want 1", in.InUse)
+	if in.InUse == nil || *in.InUse != 2 {
+		t.Errorf("slots_in_use = %v, want 2", in.InUse)
 	}
-	if len(in.Slots) != 1 || in.Slots[0].Index != 6 || in.Slots[0].Job != 3 || in.Slots[0].State != "aggregating" {
-		t.Errorf("slots = %+v, want slot 6 of job 3 aggregating", in.Slots)
+	if len(in.Slots) != 2 || in.Slots[0].Index != 6 || in.Slots[0].Job != 3 || in.Slots[0].State != "aggregating" ||
+		in.Slots[1].Index != 7 || in.Slots[1].Job != 9 || in.Slots[1].State != "complete" {
+		t.Errorf("slots = %+v, want slot 6 of job 3 aggregating, slot 7 of job 9 complete", in.Slots)
+	}
+	if len(in.Jobs) != 2 || in.Jobs[0].JobID != 3 || in.Jobs[0].PS != "10.200.9.2:9510" || in.Jobs[0].Workers != 4 ||
+		in.Jobs[0].Joined != 1<<2 || in.Jobs[0].MaxSlots != 8 || in.Jobs[0].Aggregating != 1 || in.Jobs[0].Complete != 0 ||
+		in.Jobs[1].JobID != 9 || in.Jobs[1].Complete != 1 {
+		t.Errorf("jobs = %+v, want job 3 (PS 10.200.9.2:9510, 4 workers, worker 2 joined, 1 slot aggregating) and job 9's slot", in.Jobs)
 	}
 
 	out.Reset()
@@ -274,12 +298,22 @@ func TestInspectShowsState(t *testing.T) {
 	}
 	text := out.String()
 	for _, s := range []string{
-		"pool 8 slots, 1 in use", "COUNTER", "non_agg", "rx",
+		"pool 8 slots, 2 in use", "COUNTER", "non_agg", "rx",
 		"JOB", "10.200.1.2:40001", "02:00:00:00:00:01",
-		"SLOT", "aggregating", "1/2",
+		"SLOT", "aggregating", "1/2", "2/2",
 	} {
 		if !strings.Contains(text, s) {
 			t.Errorf("text output does not contain %q:\n%s", s, text)
 		}
+	}
+	// The jobs table: admitted workers as a count, joined ones as a bitmap.
+	row := ""
+	for line := range strings.Lines(text) {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "3" && f[1] == "10.200.9.2:9510" {
+			row = strings.Join(f, " ")
+		}
+	}
+	if want := "3 10.200.9.2:9510 4 0x4 1 0 8"; row != want {
+		t.Errorf("job 3 row %q, want %q:\n%s", row, want, text)
 	}
 }

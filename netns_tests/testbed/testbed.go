@@ -219,7 +219,16 @@ func New(opts Options) (b *Bed, err error) {
 		}
 	}
 
+	// The PS sums only what the switch admitted: each job's workers, at their hosts' addresses
+	// and the job's port, by worker id.
 	psCfg := hostlib.PSConfig{Listen: psAddr, Switch: netip.AddrPortFrom(ps.Gateway, opts.Switch.Port)}
+	for _, job := range b.Jobs {
+		pj := hostlib.PSJob{ID: job.Spec.ID}
+		for _, h := range job.Hosts {
+			pj.Workers = append(pj.Workers, netip.AddrPortFrom(h.IP, job.Port))
+		}
+		psCfg.Jobs = append(psCfg.Jobs, pj)
+	}
 	if opts.ExtraPS != nil {
 		opts.ExtraPS(&psCfg)
 	}
@@ -248,7 +257,7 @@ func New(opts Options) (b *Bed, err error) {
 		for i, w := range job.Hosts {
 			cfg := hostlib.WorkerConfig{
 				JobID: js.ID, WorkerID: uint8(i), NumWorkers: uint8(len(job.Hosts)),
-				Local: netip.AddrPortFrom(w.IP, job.Port), PS: psAddr,
+				Local: netip.AddrPortFrom(w.IP, job.Port), PS: psAddr, JobKey: job.Key,
 				PoolSize: opts.Switch.PoolSize, Window: window, ScaleLog2: opts.ScaleLog2, Timeout: timeout,
 				ValuesPerPacket: b.ValuesPerPacket(),
 			}

@@ -7,8 +7,9 @@
 //	host ns Prefix-ps  eth0 10.200.3.2/24 ─── p2 10.200.3.1/24 ┘
 //
 // Neighbour entries are static in both directions, so nothing depends on ARP (an XDP program
-// under test may drop it). TX checksum offload is off and GRO on for every veth. IPv6 is disabled in
-// every namespace so that no stray ICMPv6 traffic reaches the programs under test.
+// under test may drop it). TX checksum offload is off and GRO on for every veth (unless
+// Config.KernelOffloads). IPv6 is disabled in every namespace so that no stray ICMPv6 traffic
+// reaches the programs under test.
 //
 // Namespaces are named (under /run/netns), so `ip netns exec Prefix-w0 ...` works for debugging.
 // The package never logs or exits; it returns wrapped errors.
@@ -54,6 +55,11 @@ type Config struct {
 	// HostXDP, if set, is attached in native XDP mode to every host's eth0: XDP_TX and
 	// XDP_REDIRECT into a veth are only delivered when its peer runs an XDP program.
 	HostXDP *ebpf.Program
+	// KernelOffloads leaves every veth's offloads at the kernel's defaults (TX checksum offload
+	// on, GRO off) instead of the settings XDP needs (see tuneVeth): a plain kernel-forwarding
+	// topology for traffic that no XDP program touches, e.g. benchmark baselines. Do not combine
+	// it with XDP programs on the ports or HostXDP.
+	KernelOffloads bool
 }
 
 // Host is one host of a topology and the switch port it hangs off.
@@ -350,11 +356,13 @@ func (t *Topology) addHost(cfg Config, swNS netns.NsHandle, sw *netlink.Handle, 
 	h.PortMAC = port.Attrs().HardwareAddr
 
 	// Offloads, from threads inside each namespace.
-	if err := DoHandle(swNS, func() error { return tuneVeth(h.Port) }); err != nil {
-		return nil, fmt.Errorf("port %s: %w", h.Port, err)
-	}
-	if err := DoHandle(hostNS, func() error { return tuneVeth(h.Ifname) }); err != nil {
-		return nil, fmt.Errorf("%s: %w", h.Ifname, err)
+	if !cfg.KernelOffloads {
+		if err := DoHandle(swNS, func() error { return tuneVeth(h.Port) }); err != nil {
+			return nil, fmt.Errorf("port %s: %w", h.Port, err)
+		}
+		if err := DoHandle(hostNS, func() error { return tuneVeth(h.Ifname) }); err != nil {
+			return nil, fmt.Errorf("%s: %w", h.Ifname, err)
+		}
 	}
 
 	// Addresses, then up.

@@ -217,6 +217,30 @@ func TestTopology(t *testing.T) {
 }
 
 // dropARP is an XDP program that drops ARP and passes everything else.
+// KernelOffloads leaves the veths as the kernel makes them (TX checksum offload on, GRO off):
+// the plain kernel-forwarding topology the benchmark's baselines run on.
+func TestKernelOffloads(t *testing.T) {
+	topo := newTopo(t, Config{Workers: 2, PS: true, KernelOffloads: true})
+	for _, h := range topo.Hosts() {
+		check := func(ifname string) error {
+			if tx, err := ethtoolGet(ifname, unix.ETHTOOL_GTXCSUM); err != nil || tx != 1 {
+				return fmt.Errorf("%s: tx checksum offload = %d, %v; want 1", ifname, tx, err)
+			}
+			if gro, err := ethtoolGet(ifname, unix.ETHTOOL_GGRO); err != nil || gro != 0 {
+				return fmt.Errorf("%s: GRO = %d, %v; want 0", ifname, gro, err)
+			}
+			return nil
+		}
+		if err := topo.InHost(h, func() error { return check(h.Ifname) }); err != nil {
+			t.Errorf("host %s: %v", h.Name, err)
+		}
+		if err := topo.InSwitch(func() error { return check(h.Port) }); err != nil {
+			t.Errorf("port %s: %v", h.Port, err)
+		}
+	}
+	checkWorkersReachPS(t, topo, 9510)
+}
+
 func dropARP(t *testing.T) *ebpf.Program {
 	t.Helper()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
