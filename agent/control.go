@@ -85,7 +85,7 @@ type ControlServer struct {
 	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
 	keys     map[uint32]string       // job -> the key its last authentic message opened under (admission)
 
-	replySrc net.IP   // destination of the message being handled (Serve's goroutine only); nil: kernel's choice
+	replySrc net.IP // destination of the message being handled (Serve's goroutine only); nil: kernel's choice
 
 	rejected sync.Map // reason -> *atomic.Uint64
 	warn     warnLimiter

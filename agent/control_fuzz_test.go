@@ -14,8 +14,10 @@ package agent
 //     one port, with its member behind that port, a job has at most one member per port, every
 //     member's results come from the job's PS, worker ids stay below the admitted count and no
 //     port has more than MaxMembersPerPort members;
-//   - an accepted JOIN binds exactly its sender; an accepted LEAVE unbinds the worker id; an
-//     accepted ACK or RETRANSMIT changes nothing; a replayed or stale stamp is never accepted;
+//   - an accepted JOIN binds exactly its sender, and took no live binding from another host, no
+//     live member's place behind the port and no place beyond the port's quota; an accepted LEAVE
+//     came from the binding and unbinds the worker id; an accepted ACK or RETRANSMIT came from
+//     the binding and changes nothing; a replayed or stale stamp is never accepted;
 //   - a fresh, authentic, well-formed JOIN for a free worker id on a port with room is accepted.
 //
 //	go test ./agent/ -run '^$' -fuzz FuzzControlHandle -fuzztime 60s
@@ -218,25 +220,96 @@ func fzCheckState(t *testing.T, s fzState) {
 	}
 }
 
-// fzCtlSeq builds a fuzz input: per message a little-endian uint16 length, then the message
-// (fzCtlIn: a meta byte, a stamp byte and the datagram).
-func fzCtlSeq(msgs ...[]byte) []byte {
-	var b []byte
-	for _, m := range msgs {
-		b = binary.LittleEndian.AppendUint16(b, uint16(len(m)))
-		b = append(b, m...)
+// A fuzz input is a sequence of at most fzCtlMaxDg records, each one message. Records are small
+// (the minimizer's work grows with the square of the input's length, and each input runs a few
+// hundred map syscalls): a structured record names a message by a few bytes, which the harness
+// encodes; a raw record carries the datagram's bytes (the parser's side).
+//
+//	structured: k (bit 7 clear), meta, stamp, type, job, worker, seq, body   (8 bytes)
+//	raw:        k = 0x80 | n, meta, stamp, n bytes of datagram
+//
+// job: 0, 1 = fzJobA, 2 = fzJobB, 3 = 99 (never admitted), else that id. body: bits 0-1 the
+// result address (0; the job's PS; the other job's PS; 10.66.0.1), bit 2 toggles the body (JOIN
+// and LEAVE carry one), bit 3 sets its reserved field, bits 4-7 the MAC's last byte.
+type fzRecord struct {
+	meta, stamp byte
+	d           []byte // the datagram, before any trailer
+}
+
+const fzStructSize = 8
+
+func fzCtlSplit(b []byte) []fzRecord {
+	var out []fzRecord
+	for len(b) >= 3 && len(out) < fzCtlMaxDg {
+		k := b[0]
+		if k&0x80 == 0 {
+			if len(b) < fzStructSize {
+				break
+			}
+			r := b[1:fzStructSize]
+			out = append(out, fzRecord{meta: r[0], stamp: r[1], d: fzEncode(r[2], r[3], r[4], r[5], r[6])})
+			b = b[fzStructSize:]
+			continue
+		}
+		n := min(int(k&0x7f), len(b)-3)
+		out = append(out, fzRecord{meta: b[1], stamp: b[2], d: b[3 : 3+n]})
+		b = b[3+n:]
+	}
+	return out
+}
+
+func fzEncode(typ, job, worker, seq, body byte) []byte {
+	id := uint32(job)
+	switch job {
+	case 1:
+		id = fzJobA
+	case 2:
+		id = fzJobB
+	case 3:
+		id = 99
+	}
+	h := bpf.XdpaggHdr{Version: bpf.Version, Type: typ, JobId: id, Seq: uint32(seq), WorkerId: worker}
+	b, err := binary.Append(nil, binary.LittleEndian, &h)
+	if err != nil {
+		panic(err)
+	}
+	withBody := typ == uint8(bpf.XdpaggMsgTypeMSG_JOIN) || typ == uint8(bpf.XdpaggMsgTypeMSG_LEAVE)
+	if body&4 != 0 {
+		withBody = !withBody
+	}
+	if !withBody {
+		return b
+	}
+	jb := bpf.XdpaggJoinBody{Mac: [6]byte{0x02, 0xbb, 0, 0, 0, body >> 4}}
+	if body&8 != 0 {
+		jb.Reserved = 1
+	}
+	rip := [4]netip.Addr{{}, fzJobs[fzJobA].ps.Addr(), fzJobs[fzJobB].ps.Addr(), netip.MustParseAddr("10.66.0.1")}[body&3]
+	if j, ok := fzJobs[id]; ok && body&3 == 1 {
+		rip = j.ps.Addr()
+	}
+	if rip.IsValid() {
+		a := rip.As4()
+		jb.ResultIp = binary.LittleEndian.Uint32(a[:])
+	}
+	b, err = binary.Append(b, binary.LittleEndian, &jb)
+	if err != nil {
+		panic(err)
 	}
 	return b
 }
 
-func fzCtlSplit(b []byte) [][]byte {
-	var out [][]byte
-	for len(b) >= 2 && len(out) < fzCtlMaxDg {
-		n := min(int(binary.LittleEndian.Uint16(b)), len(b)-2)
-		out = append(out, b[2:2+n])
-		b = b[2+n:]
+// fzOp is a structured record (seeds).
+func fzOp(meta, stamp, typ, job, worker, seq, body byte) []byte {
+	return []byte{0, meta, stamp, typ, job, worker, seq, body}
+}
+
+// fzRaw is a raw record (seeds).
+func fzRaw(meta, stamp byte, d []byte) []byte {
+	if len(d) > 0x7f {
+		panic("raw record too long")
 	}
-	return out
+	return append([]byte{0x80 | byte(len(d)), meta, stamp}, d...)
 }
 
 // The meta byte of a message.
@@ -249,108 +322,95 @@ const (
 	fzTinyTTL    = 0x80 // MemberTTL of 1ns for this message: every binding is takeable
 )
 
-// fzCtlIn is one message of a seed: meta, stamp byte, datagram (before any trailer).
-func fzCtlIn(meta, stamp byte, d []byte) []byte { return append([]byte{meta, stamp}, d...) }
-
-// fzCtlMsg encodes a control message (seeds): header, then the join body if any.
-func fzCtlMsg(typ uint8, job, seq uint32, worker uint8, body *bpf.XdpaggJoinBody) []byte {
-	h := bpf.XdpaggHdr{Version: bpf.Version, Type: typ, JobId: job, Seq: seq, WorkerId: worker}
-	b, err := binary.Append(nil, binary.LittleEndian, &h)
-	if err == nil && body != nil {
-		b, err = binary.Append(b, binary.LittleEndian, body)
-	}
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
 func FuzzControlHandle(f *testing.F) {
 	const (
 		join  = uint8(bpf.XdpaggMsgTypeMSG_JOIN)
 		leave = uint8(bpf.XdpaggMsgTypeMSG_LEAVE)
 		ack   = uint8(bpf.XdpaggMsgTypeMSG_ACK)
 		rtx   = uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT)
+		data  = uint8(bpf.XdpaggMsgTypeMSG_DATA)
 		sA0   = 0 << 2
 		sA1   = 1 << 2
 		sB    = 2 << 2
 		p2    = 1
 		np    = 2
+		S     = fzSeal
+		A, B  = 1, 2 // jobs
+		mac1  = 0x10 // body: MAC ...:01, no result address
+		ps    = 0x21 // body: MAC ...:02, the job's own PS
+		other = 0x32 // body: MAC ...:03, the other job's PS
 	)
-	body := &bpf.XdpaggJoinBody{Mac: [6]byte{0x02, 0xbb, 0, 0, 0, 1}}
-	psBody := &bpf.XdpaggJoinBody{Mac: [6]byte{0x02, 0xbb, 0, 0, 0, 2}, ResultIp: 0x0203c80a}  // job A's PS, 10.200.3.2
-	otherPS := &bpf.XdpaggJoinBody{Mac: [6]byte{0x02, 0xbb, 0, 0, 0, 3}, ResultIp: 0x0204c80a} // job B's
+	seq := func(recs ...[]byte) []byte { return bytes.Join(recs, nil) }
 	// A job's life: JOIN, ACK, RETRANSMIT, LEAVE from the binding; others refused.
-	f.Add(fzCtlSeq(
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 1, 3, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(ack, fzJobA, 9, 3, nil)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(rtx, fzJobA, 9, 3, nil)),
-		fzCtlIn(fzSeal|sB, 0, fzCtlMsg(rtx, fzJobA, 9, 3, nil)),   // another host claims worker 3
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(rtx, fzJobA, 9, 1, nil)),  // an unbound worker id
-		fzCtlIn(fzSeal|sB, 0, fzCtlMsg(join, fzJobA, 2, 2, body)), // another id behind the port
-		fzCtlIn(fzSeal|sB|p2, 0, fzCtlMsg(join, fzJobA, 2, 2, psBody)),
-		fzCtlIn(fzSeal|sB, 0, fzCtlMsg(leave, fzJobA, 3, 3, body)), // not the binding
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(leave, fzJobA, 3, 3, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(leave, fzJobA, 4, 3, body)), // resent
+	f.Add(seq(
+		fzOp(S|sA0, 0, join, A, 3, 1, mac1),
+		fzOp(S|sA0, 0, ack, A, 3, 9, 0),
+		fzOp(S|sA0, 0, rtx, A, 3, 9, 0),
+		fzOp(S|sB, 0, rtx, A, 3, 9, 0),     // another host claims worker 3
+		fzOp(S|sA0, 0, rtx, A, 1, 9, 0),    // an unbound worker id
+		fzOp(S|sB, 0, join, A, 2, 2, mac1), // another id behind the port
+		fzOp(S|sB|p2, 0, join, A, 2, 2, ps),
+		fzOp(S|sB, 0, leave, A, 3, 3, mac1), // not the binding
+		fzOp(S|sA0, 0, leave, A, 3, 3, mac1),
+		fzOp(S|sA0, 0, leave, A, 3, 4, mac1), // resent
 	))
 	// Binding rules: the same host rebinds from a new UDP port; another host only after the TTL;
 	// the port quota; JOINs naming another PS or a worker id beyond the job's.
-	f.Add(fzCtlSeq(
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 1, 0, body)),
-		fzCtlIn(fzSeal|sA1, 0, fzCtlMsg(join, fzJobA, 2, 0, body)),
-		fzCtlIn(fzSeal|sB, 0, fzCtlMsg(join, fzJobA, 3, 0, body)),
-		fzCtlIn(fzSeal|sB|fzTinyTTL, 0, fzCtlMsg(join, fzJobA, 4, 0, body)),
-		fzCtlIn(fzSeal|sA0|p2, 0, fzCtlMsg(join, fzJobB, 1, 1, body)),
-		fzCtlIn(fzSeal|sA0|p2, 0, fzCtlMsg(join, fzJobA, 1, 1, body)),
-		fzCtlIn(fzSeal|sA0|p2, 0, fzCtlMsg(join, fzJobB, 2, 0, body)), // same job behind the port: refused
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobB, 3, 0, body)),    // port full
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 5, 2, otherPS)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobB, 5, 2, body)),
-		fzCtlIn(fzSeal|sA0|p2|fzTinyTTL, 0, fzCtlMsg(join, fzJobA, 6, 3, body)), // replaces a silent member
+	f.Add(seq(
+		fzOp(S|sA0, 0, join, A, 0, 1, mac1),
+		fzOp(S|sA1, 0, join, A, 0, 2, mac1),
+		fzOp(S|sB, 0, join, A, 0, 3, mac1),
+		fzOp(S|sB|fzTinyTTL, 0, join, A, 0, 4, mac1),
+		fzOp(S|sA0|p2, 0, join, B, 1, 1, mac1),
+		fzOp(S|sA0|p2, 0, join, A, 1, 1, mac1),
+		fzOp(S|sA0|p2, 0, join, B, 0, 2, mac1), // the job's other id behind the port: refused
+		fzOp(S|sA0, 0, join, B, 0, 3, mac1),    // port full
+		fzOp(S|sA0, 0, join, A, 2, 5, other),
+		fzOp(S|sA0, 0, join, B, 2, 5, mac1),
+		fzOp(S|sA0|p2|fzTinyTTL, 0, join, A, 3, 6, mac1), // replaces a silent member
 	))
-	// Replays: the same stamp, an older one, a minute ahead, beyond the window; and messages that
-	// do not open (no trailer, a trailer of zeros, the other job's key).
-	ackA := fzCtlMsg(ack, fzJobA, 7, 1, nil)
-	sealedB, err := ctlauth.Seal(fzJobs[fzJobB].key, fzCtlMsg(join, fzJobA, 1, 1, body), uint64(time.Now().UnixNano()))
+	// Replays: the same stamp, an older one, ahead, beyond the window; messages that do not
+	// open (no trailer, a trailer of zeros, the other job's key).
+	sealedB, err := ctlauth.Seal(fzJobs[fzJobB].key, fzEncode(join, A, 1, 1, mac1), uint64(time.Now().UnixNano()))
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add(fzCtlSeq(
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 1, 1, body)),
-		fzCtlIn(fzSeal|sA0, 0, ackA),
-		fzCtlIn(fzSeal|sA0|fzStampOld, 0, ackA),
-		fzCtlIn(fzSeal|sA0|fzStampOld, 5, ackA),
-		fzCtlIn(fzSeal|sA0|fzStampAhead, 60, ackA),
-		fzCtlIn(fzSeal|sA0|fzStampAhead, 20, ackA),
-		fzCtlIn(fzSeal|sA0, 0, ackA),
-		fzCtlIn(sA0, 0, fzCtlMsg(join, fzJobA, 1, 2, body)),
-		fzCtlIn(sA0, 0, append(fzCtlMsg(ack, fzJobA, 1, 1, nil), make([]byte, ctlauth.TrailerSize)...)),
-		fzCtlIn(sA0, 0, sealedB),
+	f.Add(seq(
+		fzOp(S|sA0, 0, join, A, 1, 1, mac1),
+		fzOp(S|sA0, 0, ack, A, 1, 7, 0),
+		fzOp(S|sA0|fzStampOld, 0, ack, A, 1, 7, 0),
+		fzOp(S|sA0|fzStampOld, 5, ack, A, 1, 7, 0),
+		fzOp(S|sA0|fzStampAhead, 60, ack, A, 1, 7, 0),
+		fzOp(S|sA0|fzStampAhead, 20, ack, A, 1, 7, 0),
+		fzOp(S|sA0, 0, ack, A, 1, 7, 0),
+		fzOp(sA0, 0, join, A, 2, 1, mac1),
+		fzRaw(sA0, 0, append(fzEncode(ack, A, 1, 1, 0), make([]byte, ctlauth.TrailerSize)...)),
+		fzRaw(sA0, 0, sealedB),
 	))
-	// The parser: not a port, job 0, unknown job, worker 32, bodies of the wrong size, DATA,
-	// unknown types, reserved fields, junk.
-	v2 := fzCtlMsg(join, fzJobA, 1, 1, body)
+	// The parser: not a port, job 0, unknown job, worker 32, bodies where none belongs and none
+	// where one does, DATA, unknown types, reserved fields, junk.
+	v2 := fzEncode(join, A, 1, 1, mac1)
 	v2[0] = 2
-	res := fzCtlMsg(join, fzJobA, 1, 1, body)
+	res := fzEncode(join, A, 1, 1, mac1)
 	res[31] = 1
-	bodyRes := &bpf.XdpaggJoinBody{Mac: body.Mac, Reserved: 1}
-	f.Add(fzCtlSeq(
-		fzCtlIn(fzSeal|sA0|np, 0, fzCtlMsg(join, fzJobA, 1, 0, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, 0, 1, 0, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, 7, 1, 0, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 1, 32, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 1, 0, nil)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(ack, fzJobA, 1, 0, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 1, 0, body)[:bpf.HdrSize+11]),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(uint8(bpf.XdpaggMsgTypeMSG_DATA), fzJobA, 1, 0, body)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT), fzJobA, 1, 0, nil)),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(200, fzJobA, 1, 0, body)),
-		fzCtlIn(fzSeal|sA0, 0, v2),
-		fzCtlIn(fzSeal|sA0, 0, res),
-		fzCtlIn(fzSeal|sA0, 0, fzCtlMsg(join, fzJobA, 1, 0, bodyRes)),
-		fzCtlIn(sA0, 0, []byte("junk")),
-		fzCtlIn(0, 0, nil),
-		nil,
+	cnt := fzEncode(ack, A, 1, 1, 0)
+	cnt[6] = 1
+	f.Add(seq(
+		fzOp(S|sA0|np, 0, join, A, 0, 1, mac1),
+		fzOp(S|sA0, 0, join, 0, 0, 1, mac1),
+		fzOp(S|sA0, 0, join, 3, 0, 1, mac1),
+		fzOp(S|sA0, 0, join, A, 32, 1, mac1),
+		fzOp(S|sA0, 0, join, A, 0, 1, mac1|4),
+		fzOp(S|sA0, 0, ack, A, 0, 1, mac1|4),
+		fzOp(S|sA0, 0, join, A, 0, 1, mac1|8),
+		fzOp(S|sA0, 0, data, A, 0, 1, 0),
+		fzOp(S|sA0, 0, 200, A, 0, 1, 0),
+		fzRaw(S|sA0, 0, v2),
+		fzRaw(S|sA0, 0, res),
+		fzRaw(S|sA0, 0, cnt),
+		fzRaw(S|sA0, 0, fzEncode(join, A, 0, 1, mac1)[:bpf.HdrSize+11]),
+		fzRaw(sA0, 0, []byte("junk")),
+		fzRaw(0, 0, nil),
 	))
 
 	fzSetup(f)
@@ -359,14 +419,8 @@ func FuzzControlHandle(f *testing.F) {
 		m := c.maps
 		last := map[workerRef]uint64{} // last accepted stamp per <job, worker id>
 		var prevStamp uint64
-		for i, d := range fzCtlSplit(in) {
-			var meta, sb byte
-			if len(d) > 0 {
-				meta, d = d[0], d[1:]
-			}
-			if len(d) > 0 {
-				sb, d = d[0], d[1:]
-			}
+		for i, r := range fzCtlSplit(in) {
+			meta, sb, d := r.meta, r.stamp, r.d
 			ifindex := [4]int{fzCtlPort, fzCtlPort2, fzCtlNotAPort, fzCtlPort}[meta&fzPortMask]
 			sender := fzCtl.senders[[4]int{0, 1, 2, 0}[(meta&fzSenderMask)>>2]]
 			from := sender.LocalAddr().(*net.UDPAddr).AddrPort()
@@ -438,29 +492,70 @@ func FuzzControlHandle(f *testing.F) {
 				}
 				last[ref] = stamp
 				wk := bpf.XdpaggWorkerKey{JobId: h.JobId, WorkerId: uint32(h.WorkerId)}
+				mk := bpf.XdpaggMemberKey{JobId: h.JobId, Ifindex: uint32(ifindex)}
 				w, bound := after.workers[wk]
+				// Who held the worker id (and the job's place behind this port) before.
+				a4 := from.Addr().As4()
+				sender := bpf.XdpaggWorker{Ip: binary.LittleEndian.Uint32(a4[:]), Ifindex: uint32(ifindex), Port: from.Port()>>8 | from.Port()<<8}
+				prev, wasBound := before.workers[wk]
+				fromBinding := wasBound && prev == sender
+				takeable := meta&fzTinyTTL != 0 // a fresh server: nobody is silent for the default TTL
 				switch bpf.XdpaggMsgType(h.Type) {
 				case bpf.XdpaggMsgTypeMSG_JOIN:
 					var jb bpf.XdpaggJoinBody
 					_, _ = binary.Decode(body[bpf.HdrSize:], binary.LittleEndian, &jb)
-					a4 := from.Addr().As4()
-					mv, ok := after.members[bpf.XdpaggMemberKey{JobId: h.JobId, Ifindex: uint32(ifindex)}]
-					if !bound || w.Ifindex != uint32(ifindex) || w.Ip != binary.LittleEndian.Uint32(a4[:]) ||
-						w.Port != from.Port()>>8|from.Port()<<8 || !ok || mv.WorkerId != h.WorkerId || mv.DstMac != jb.Mac {
+					mv, ok := after.members[mk]
+					if !bound || w != sender || !ok || mv.WorkerId != h.WorkerId || mv.DstMac != jb.Mac {
 						t.Fatalf("message %d: JOIN %+v from %v on %d accepted, but bound %+v (%v), member %+v (%v)", i, h, from, ifindex, w, bound, mv, ok)
+					}
+					sameHost := wasBound && prev.Ip == sender.Ip && prev.Ifindex == sender.Ifindex
+					if wasBound && !sameHost && !takeable {
+						t.Fatalf("message %d: JOIN %+v from %v on %d took over worker id bound at %+v, which is alive", i, h, from, ifindex, prev)
+					}
+					old, there := before.members[mk]
+					if there && old.WorkerId != h.WorkerId && !takeable {
+						t.Fatalf("message %d: JOIN %+v on %d replaced live worker %d behind the port", i, h, ifindex, old.WorkerId)
+					}
+					n := 0
+					for k := range before.members {
+						if k.Ifindex == uint32(ifindex) {
+							n++
+						}
+					}
+					if !there && n >= fzCtlPerPort {
+						t.Fatalf("message %d: JOIN %+v made a member behind port %d, which had %d (at most %d)", i, h, ifindex, n, fzCtlPerPort)
 					}
 				case bpf.XdpaggMsgTypeMSG_LEAVE:
 					if bound {
 						t.Fatalf("message %d: LEAVE %+v accepted, worker still bound at %+v", i, h, w)
 					}
+					if wasBound && !fromBinding {
+						t.Fatalf("message %d: LEAVE %+v from %v on %d accepted; the worker id was bound at %+v", i, h, from, ifindex, prev)
+					}
 				default:
 					if !unchanged {
 						t.Fatalf("message %d: %s %+v changed the maps", i, msgName(h.Type), h)
 					}
+					if !fromBinding {
+						t.Fatalf("message %d: %s %+v from %v on %d accepted, not from the worker id's binding (%+v, %v)", i, msgName(h.Type), h, from, ifindex, prev, wasBound)
+					}
 				}
 			}
 
-			// Liveness: what nothing in the policy may refuse.
+			// Liveness: what nothing in the policy may refuse. An ACK or RETRANSMIT from the
+			// worker id's binding with a fresh stamp (above the last one accepted for the id:
+			// refused messages, the binding's or anyone else's, must not have used one up).
+			if authentic && err != nil && (h.Type == uint8(bpf.XdpaggMsgTypeMSG_ACK) || h.Type == uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT)) &&
+				len(d) == bpf.HdrSize+ctlauth.TrailerSize && h.Version == bpf.Version && h.Reserved == 0 && h.Count == 0 {
+				a4 := from.Addr().As4()
+				w, ok := before.workers[bpf.XdpaggWorkerKey{JobId: h.JobId, WorkerId: uint32(h.WorkerId)}]
+				l, seen := last[ref]
+				fresh := (!seen || stamp > l) && time.Unix(0, int64(stamp)).Sub(now).Abs() < ctlauth.MaxSkew-time.Second
+				if ok && fresh && w.Ifindex == uint32(ifindex) && w.Ip == binary.LittleEndian.Uint32(a4[:]) && w.Port == from.Port()>>8|from.Port()<<8 {
+					t.Fatalf("message %d: fresh authentic %s %+v from the worker id's binding refused: %v", i, msgName(h.Type), h, err)
+				}
+			}
+			// A JOIN for a free worker id on a port with room.
 			if authentic && err != nil && ifindex != fzCtlNotAPort && len(d) == bpf.HdrSize+12+ctlauth.TrailerSize &&
 				h.Type == uint8(bpf.XdpaggMsgTypeMSG_JOIN) && h.Version == bpf.Version && h.Reserved == 0 && h.Count == 0 &&
 				h.WorkerId < j.workers {

@@ -28,6 +28,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/xdpagg/xdpagg/bench/gloo"
@@ -36,6 +37,7 @@ import (
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/testbed"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"golang.org/x/sys/unix"
 )
 
 // Mode names.
@@ -125,18 +127,19 @@ func (o Options) Validate() error {
 
 // Cell is one mode at one (W, size).
 type Cell struct {
-	Mode           string    `json:"mode"`
-	Workers        int       `json:"workers"`
-	Bytes          int       `json:"bytes"`
-	Seconds        []float64 `json:"seconds"`
-	Median         float64   `json:"median_s"`
-	P10            float64   `json:"p10_s"`
-	P90            float64   `json:"p90_s"`
-	ElementsPerSec float64   `json:"aggregated_elements_per_s"` // values per worker / median time (SwitchML's metric)
-	AlgBWGBps      float64   `json:"algbw_GBps"`                // bytes per worker / median time
-	CPUSecPerGB    float64   `json:"cpu_s_per_GB"`              // machine busy CPU (all processes + softirq) per GB reduced per worker
-	Verified       bool      `json:"verified"`
-	Error          string    `json:"error,omitempty"`
+	Mode            string    `json:"mode"`
+	Workers         int       `json:"workers"`
+	Bytes           int       `json:"bytes"`
+	Seconds         []float64 `json:"seconds"`
+	Median          float64   `json:"median_s"`
+	P10             float64   `json:"p10_s"`
+	P90             float64   `json:"p90_s"`
+	ElementsPerSec  float64   `json:"aggregated_elements_per_s"` // values per worker / median time (SwitchML's metric)
+	AlgBWGBps       float64   `json:"algbw_GBps"`                // bytes per worker / median time
+	CPUSecPerGB     float64   `json:"cpu_s_per_GB"`              // the mode's own CPU (its processes + ksoftirqd) per GB reduced per worker
+	MachineCPUPerGB float64   `json:"machine_cpu_s_per_GB"`      // the whole machine's busy CPU (others' load included) per GB reduced per worker
+	Verified        bool      `json:"verified"`
+	Error           string    `json:"error,omitempty"`
 }
 
 // Ratio compares two modes at one (W, size) over paired rounds: time(Other) / time(Mode), so
@@ -217,14 +220,15 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 		ref      []float64
 		work     [][]float32
 		cells    map[string]*Cell
-		busy     map[string]float64
+		busy     map[string]float64 // the mode's own CPU seconds in timed runs
+		machine  map[string]float64 // the machine's busy CPU seconds in timed runs
 		rounds   int
 	}
 	var all []*sized
 	maxRounds := 0
 	for _, bytes := range opts.Bytes {
 		n := bytes / 4
-		s := &sized{bytes: bytes, cells: map[string]*Cell{}, busy: map[string]float64{}, rounds: opts.rounds(bytes)}
+		s := &sized{bytes: bytes, cells: map[string]*Cell{}, busy: map[string]float64{}, machine: map[string]float64{}, rounds: opts.rounds(bytes)}
 		s.pristine, s.ref = makeInputs(w, n, uint64(w)<<32|uint64(n))
 		s.work = make([][]float32, w)
 		for i := range s.work {
@@ -288,9 +292,10 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 				for i := range s.work {
 					copy(s.work[i], s.pristine[i])
 				}
-				cpu0 := busyCPU()
+				cpu0, mach0 := ownCPU()+m.cpu(), busyCPU()
 				took, err := m.run(ctx, s.work)
-				s.busy[name] += (busyCPU() - cpu0) / float64(m.perRun())
+				s.busy[name] += (ownCPU() + m.cpu() - cpu0) / float64(m.perRun())
+				s.machine[name] += (busyCPU() - mach0) / float64(m.perRun())
 				if err != nil {
 					if ctx.Err() != nil {
 						m.close()
@@ -327,7 +332,8 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 				c.Median, c.P10, c.P90 = quantile(sec, 0.5), quantile(sec, 0.1), quantile(sec, 0.9)
 				c.ElementsPerSec = float64(n) / c.Median
 				c.AlgBWGBps = float64(s.bytes) / c.Median / 1e9
-				c.CPUSecPerGB = s.busy[name] / (float64(s.bytes) * float64(len(c.Seconds)) / 1e9)
+				gb := float64(s.bytes) * float64(len(c.Seconds)) / 1e9
+				c.CPUSecPerGB, c.MachineCPUPerGB = s.busy[name]/gb, s.machine[name]/gb
 			}
 			rep.Cells = append(rep.Cells, *c)
 		}
@@ -433,6 +439,64 @@ func busyCPU() float64 {
 	return cpuStat(func(i int) bool { return i != 3 && i != 4 }) // all but idle, iowait
 }
 
+// ownCPU is the CPU time in seconds of this process (the benchmark with the workers, PS and
+// rings of the UDP modes) and of the kernel's softirq threads. The packet path of a send (veth,
+// forwarding in the switch namespace, XDP, delivery) mostly runs in softirq at the end of the
+// sending syscall and is charged to the sender; what the kernel defers runs in ksoftirqd.
+func ownCPU() float64 {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	s := float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	for _, pid := range softirqThreads() {
+		s += procCPU(pid)
+	}
+	return s
+}
+
+var softirqPIDs struct {
+	once sync.Once
+	pids []int
+}
+
+// softirqThreads returns the PIDs of the ksoftirqd/N kernel threads.
+func softirqThreads() []int {
+	softirqPIDs.once.Do(func() {
+		dirs, _ := os.ReadDir("/proc")
+		for _, d := range dirs {
+			pid, err := strconv.Atoi(d.Name())
+			if err != nil {
+				continue
+			}
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil &&
+				strings.HasPrefix(string(comm), "ksoftirqd/") {
+				softirqPIDs.pids = append(softirqPIDs.pids, pid)
+			}
+		}
+	})
+	return softirqPIDs.pids
+}
+
+// procCPU is utime+stime of pid in seconds (0 if it cannot be read).
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100 // USER_HZ
+}
+
 // kernelCPU is the machine's system, irq and softirq time in seconds.
 func kernelCPU() float64 {
 	return cpuStat(func(i int) bool { return i == 2 || i == 5 || i == 6 })
@@ -483,6 +547,9 @@ type mode interface {
 	// needsWarmUp says whether run should be called once untimed before the timed run (Gloo
 	// warms up inside its own command).
 	needsWarmUp() bool
+	// cpu is the CPU time in seconds so far of the mode's processes other than this one (the
+	// Gloo ranks; 0 for modes that run inside the benchmark process, which ownCPU counts).
+	cpu() float64
 	// perRun is how many allreduces one run performs (the machine's CPU time during a run is
 	// charged to that many): 1, or 2 for Gloo's command, which warms up inside.
 	perRun() int
@@ -548,6 +615,7 @@ func (m *xdpaggMode) run(ctx context.Context, in [][]float32) (time.Duration, er
 }
 func (m *xdpaggMode) needsWarmUp() bool { return true }
 func (m *xdpaggMode) perRun() int       { return 1 }
+func (m *xdpaggMode) cpu() float64      { return 0 }
 func (m *xdpaggMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, float64(len(out))*math.Ldexp(1, -25), 0x1p-23)
 }
@@ -610,6 +678,7 @@ func (m *psMode) run(ctx context.Context, in [][]float32) (time.Duration, error)
 }
 func (m *psMode) needsWarmUp() bool { return true }
 func (m *psMode) perRun() int       { return 1 }
+func (m *psMode) cpu() float64      { return 0 }
 func (m *psMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, float64(len(out))*math.Ldexp(1, -25), 0x1p-23)
 }
@@ -673,6 +742,7 @@ func (m *ringMode) run(ctx context.Context, in [][]float32) (time.Duration, erro
 }
 func (m *ringMode) needsWarmUp() bool { return true }
 func (m *ringMode) perRun() int       { return 1 }
+func (m *ringMode) cpu() float64      { return 0 }
 func (m *ringMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, 1e-6*float64(len(out)), 1e-6)
 }
@@ -716,6 +786,10 @@ func (m *glooMode) run(ctx context.Context, in [][]float32) (time.Duration, erro
 }
 func (m *glooMode) needsWarmUp() bool { return false }
 func (m *glooMode) perRun() int       { return 2 }
+func (m *glooMode) cpu() float64 {
+	d, _ := m.g.CPUTime()
+	return d.Seconds()
+}
 
 // verify runs Gloo's own sum check (its tensors live in Python, not in out).
 func (m *glooMode) verify(out [][]float32, _ []float64) error {

@@ -43,7 +43,7 @@ func switchForFuzz(t *testing.T, m *model) *sw {
 		fuzzSwitch.s = &sw{Switch: sl}
 	}
 	s := fuzzSwitch.s
-	// ResetSlots leaves jobs.held as it was: the jobs are rewritten with the model's (0).
+	// ResetSlots zeroes jobs.held too; resetJobs also sets this input's quotas.
 	if err := s.Maps.ResetSlots(); err != nil {
 		t.Fatalf("reset slots: %v", err)
 	}

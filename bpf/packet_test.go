@@ -103,7 +103,7 @@ type frame struct {
 	Vals           []int32
 	Payload        []byte // replaces header + values when non-nil (non-xdpagg UDP, ICMP...)
 	UDPLen, IPLen  int    // overrides; 0 = correct
-	Pad            int    // bytes of link padding after the IP datagram
+	Pad            int    // bytes after the IP datagram (link padding; malformed after an xdpagg datagram)
 	Truncate       int    // > 0: cut the frame to this many bytes (after everything else)
 	NoUDPCsum      bool   // send with UDP checksum 0
 	BadIPCsum      bool   // send with a wrong IPv4 header checksum (the builder's is valid otherwise)

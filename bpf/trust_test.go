@@ -676,6 +676,17 @@ func TestSlotGCTimeNamespace(t *testing.T) {
 		}
 		const timeout = 50 * time.Millisecond
 		s := load(t, timeout)
+		// The datapath's clock is the host's: a day behind this namespace's.
+		dp, err := s.Maps.DatapathNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		if behind := time.Duration(ts.Nano() - int64(dp)); behind < offset-time.Minute || behind > offset+time.Minute {
+			t.Errorf("maps.DatapathNow is %v behind this namespace's CLOCK_MONOTONIC, want about %v", behind, offset)
+		}
 		s.runExpect(t, dataFrame(1, 1, 0, 0, 2, 1), xdpDrop)
 		s.runExpect(t, dataFrame(2, 1, 1, 0, 1, 1), xdpRedirect)
 		if n, err := s.Maps.ReclaimIdle(); err != nil || n != 0 {

@@ -470,7 +470,19 @@ func TestReclaimIdle(t *testing.T) {
 		}
 		return j.Held
 	}
+	// DatapathNow reads the clock slots are stamped with.
+	t0, err := m.DatapathNow()
+	if err != nil {
+		t.Fatal(err)
+	}
 	send(1, 1, 0, w0) // half-filled
+	t1, err := m.DatapathNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := m.Slot(1); err != nil || s.TsNs < t0 || s.TsNs > t1 {
+		t.Errorf("slot stamped at %d (%v), not between DatapathNow %d and %d", s.TsNs, err, t0, t1)
+	}
 	send(2, pool-1, 0, w0)
 	send(2, pool-1, 1, w1) // completed, in the second batch
 	used, err := m.SlotsInUse()

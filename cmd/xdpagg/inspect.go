@@ -131,7 +131,11 @@ func runInspect(args []string, stdout io.Writer) error {
 		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "JOB\tPS\tWORKERS\tJOINED\tSLOTS AGGREGATING\tSLOTS COMPLETE\tMAX SLOTS")
 		for _, j := range in.Jobs {
-			fmt.Fprintf(tw, "%d\t%v\t%d\t%#x\t%d\t%d\t%d\n", j.JobID, j.PS, j.Workers, j.Joined, j.Aggregating, j.Complete, j.MaxSlots)
+			ps := "-" // slots of a job no longer admitted, until they are freed
+			if j.PS.IsValid() {
+				ps = j.PS.String()
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%#x\t%d\t%d\t%d\n", j.JobID, ps, j.Workers, j.Joined, j.Aggregating, j.Complete, j.MaxSlots)
 		}
 		tw.Flush()
 	}

@@ -51,7 +51,7 @@ func inNewNetns(t *testing.T) {
 }
 
 // jobSwitch is a switch pinned as <root>/sw inside a fresh network namespace, where lo (up) is a
-// switch port (in the ports devmap) and a dummy interface xd0 with 10.77.0.1/24 is not.
+// switch port (in the ports devmap) and a veth xd0 with 10.77.0.1/24 is not.
 func jobSwitch(t *testing.T, pool uint32) (*loader.Switch, string) {
 	t.Helper()
 	inNewNetns(t)
@@ -62,19 +62,23 @@ func jobSwitch(t *testing.T, pool uint32) (*loader.Switch, string) {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		t.Fatal(err)
 	}
-	if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "xd0"}}); err != nil {
-		t.Fatalf("add dummy interface: %v", err)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "xd0"}, PeerName: "xd0p"}); err != nil {
+		t.Fatalf("add veth: %v", err)
 	}
-	xd, err := netlink.LinkByName("xd0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, _ := netlink.ParseAddr("10.77.0.1/24")
-	if err := netlink.AddrAdd(xd, addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(xd); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"xd0", "xd0p"} {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "xd0" {
+			addr, _ := netlink.ParseAddr("10.77.0.1/24")
+			if err := netlink.AddrAdd(l, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
 	}
 	sw, root := pinnedSwitch(t, "sw", pool)
 	if err := sw.Maps.Ports.Put(uint32(lo.Attrs().Index), &bpf.XdpaggBpfDevmapVal{Ifindex: uint32(lo.Attrs().Index)}); err != nil {

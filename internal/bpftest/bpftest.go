@@ -24,7 +24,10 @@ func Check(t testing.TB, what string, err error) {
 	}
 }
 
-// LoadSwitch loads a switch with cfg and closes it when the test ends.
+// LoadSwitch loads a switch with cfg and closes it when the test ends. cfg is used as given:
+// strict source validation is on unless cfg.NoSourceCheck is set, so a test that feeds frames with
+// BPF_PROG_TEST_RUN in the host namespace (ingress: the loopback device, whose routes explain no
+// test address) must set NoSourceCheck, or every IPv4 and ARP frame is dropped as spoofed.
 func LoadSwitch(t testing.TB, cfg loader.Config) *loader.Switch {
 	t.Helper()
 	sw, err := loader.Load(cfg)
