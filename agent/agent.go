@@ -126,6 +126,24 @@ func collectGarbage(ctx context.Context, m *maps.Maps, ctrl *ControlServer, ever
 	}
 }
 
+// checkForwarding fails unless IPv4 forwarding is on at every port: strict source validation asks
+// the kernel's forwarding table (bpf_fib_lookup), which answers "forwarding disabled" for every
+// source otherwise, and the switch would drop all traffic as spoofed.
+func checkForwarding(links []netlink.Link) error {
+	for _, l := range links {
+		name := l.Attrs().Name
+		b, err := os.ReadFile(filepath.Join("/proc/sys/net/ipv4/conf", name, "forwarding"))
+		if err != nil {
+			return fmt.Errorf("%w: read forwarding setting of %s: %w", ErrConfig, name, err)
+		}
+		if strings.TrimSpace(string(b)) != "1" {
+			return fmt.Errorf("%w: IPv4 forwarding is off on %s: the switch routes, and its source validation asks the kernel's forwarding table; "+
+				"turn it on (sysctl -w net.ipv4.conf.all.forwarding=1)", ErrConfig, name)
+		}
+	}
+	return nil
+}
+
 // Run loads and attaches the switch and serves until ctx is done, then detaches and unpins.
 func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Log == nil {
@@ -161,6 +179,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("%w: interface %q: %w", ErrConfig, name, err)
 		}
 		links = append(links, l)
+	}
+
+	if !cfg.Switch.NoSourceCheck {
+		if err := checkForwarding(links); err != nil {
+			return err
+		}
 	}
 
 	sw, err := loader.Load(cfg.Switch)

@@ -42,7 +42,6 @@ func egressCopy(res frame, mb maps.Member) frame {
 		f.SrcPort = aggPort
 		f.DstPort = mb.Addr.Port()
 		f.NoUDPCsum = true
-		f.AltUDPCsum = nil
 	})
 }
 

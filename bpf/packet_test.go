@@ -108,8 +108,6 @@ type frame struct {
 	NoUDPCsum      bool   // send with UDP checksum 0
 	BadIPCsum      bool   // send with a wrong IPv4 header checksum (the builder's is valid otherwise)
 	Raw            []byte // when non-nil the frame is exactly these bytes
-	// AltUDPCsum, in an expected output frame, is a second value the UDP checksum field may hold.
-	AltUDPCsum *uint16
 }
 
 // dataFrame is worker w's DATA contribution to <job, seq> at slot idx, in a job of fan workers.

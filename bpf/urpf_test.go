@@ -179,14 +179,17 @@ func TestSourceValidation(t *testing.T) {
 		{"IPv4 header cut short", 'a', udpFrom(ip4("192.0.2.1")).with(func(f *frame) { f.Truncate = offIP + 10 }), xdpPass, ok},
 		{"IPv6 (not validated by the switch)", 'a', udpFrom(ip4("192.0.2.1")).with(func(f *frame) { f.EtherType = 0x86dd }), xdpPass, ok},
 
-		// xdpagg traffic: validation comes first and counts alone (no rx).
+		// Well-formed DATA and RESULTs are held to their exact registration (member or PS
+		// address, UDP port and switch port) instead of the routes: a wrong source is
+		// not_member. Everything else is validated against the routes and counts alone (no rx).
 		{"DATA of worker 0 at a", 'a', nsData(1, 0, 0, 2, 1, 2), xdpDrop, cnt{maps.CntRx: 1, maps.CntAggregated: 1}},
-		{"DATA of worker 1 at b", 'b', nsData(1, 0, 1, 2, 3, 4), xdpDrop, sp},
+		{"DATA of worker 1 at b", 'b', nsData(1, 0, 1, 2, 3, 4), xdpDrop, cnt{maps.CntRx: 1, maps.CntNotMember: 1}},
 		{"DATA of worker 1 with b's address, at b: valid source, not a member", 'b',
 			nsData(1, 0, 1, 2, 3, 4).with(func(f *frame) { f.SrcIP = ip4("10.77.2.50") }), xdpDrop, cnt{maps.CntRx: 1, maps.CntNotMember: 1}},
-		{"DATA with the PS's address at a", 'a', nsData(1, 0, 1, 2, 3, 4).with(func(f *frame) { f.SrcIP = nsPS }), xdpDrop, sp},
+		{"DATA with the PS's address at a", 'a', nsData(1, 0, 1, 2, 3, 4).with(func(f *frame) { f.SrcIP = nsPS }), xdpDrop, cnt{maps.CntRx: 1, maps.CntNotMember: 1}},
 		{"DATA with IP options from an unrouted address", 'a', nsData(1, 0, 1, 2, 3, 4).with(func(f *frame) { f.SrcIP = ip4("192.0.2.1"); f.IHL = 6 }), xdpDrop, sp},
-		{"RESULT of the PS at a", 'a', nsResult(1, 0, 2, 9, 9), xdpDrop, sp},
+		{"RESULT of the PS at a", 'a', nsResult(1, 0, 2, 9, 9), xdpDrop, cnt{maps.CntRx: 1, maps.CntNotMember: 1}},
+		{"malformed DATA with b's address at a", 'a', nsData(1, 0, 1, 2, 3, 4).with(func(f *frame) { f.SrcIP = ip4("10.77.2.5"); f.Pad = 4 }), xdpDrop, sp},
 		{"RESULT from another host at b", 'b', nsResult(1, 0, 2, 9, 9).with(func(f *frame) { f.SrcIP = ip4("10.77.2.3") }), xdpDrop,
 			cnt{maps.CntRx: 1, maps.CntNotMember: 1}},
 		{"RESULT of the PS at b from another UDP port", 'b', nsResult(1, 0, 2, 9, 9).with(func(f *frame) { f.SrcPort = 7 }), xdpDrop,

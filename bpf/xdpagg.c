@@ -962,13 +962,17 @@ int xdpagg_switch(struct xdp_md *ctx)
 	if (p.eth->h_proto == bpf_htons(ETH_P_IP)) {
 		p.ip = cursor_take(&c, sizeof(struct iphdr));
 		if (p.ip) {
-			/* Source validation first, for every kind of IPv4 traffic: nothing a host sends
-			 * with another host's address gets further than this (docs/security.md). */
-			if (source_check && p.ip->version == 4 && !source_ok(ctx, p.ip->saddr)) {
+			pr = parse_l4(&c, &p);
+			/* Source validation for every kind of IPv4 traffic: nothing a host sends with
+			 * another host's address gets further (docs/security.md). Well-formed DATA and
+			 * RESULTs are held to their exact registration instead, before they touch
+			 * anything: a member's address, UDP port and switch port, or the job's PS's.
+			 * That is stricter than the routes, and spares the hot path a FIB lookup. */
+			int registered = pr == PARSE_OK && (p.h->type == MSG_DATA || p.h->type == MSG_RESULT);
+			if (source_check && !registered && p.ip->version == 4 && !source_ok(ctx, p.ip->saddr)) {
 				count(ctr, CNT_SPOOFED);
 				return XDP_DROP;
 			}
-			pr = parse_l4(&c, &p);
 		}
 	} else if (p.eth->h_proto == bpf_htons(ETH_P_ARP) && source_check) {
 		/* ARP claims an IPv4 address too: a host may claim only its own (0.0.0.0 is a probe). */
