@@ -16,6 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 )
 
 // xdpMd is struct xdp_md, the context BPF_PROG_TEST_RUN accepts for an XDP program: data and
@@ -46,30 +48,19 @@ type portNS struct {
 // sub-benchmarks run on other goroutines: they call enter first.
 func newPortNS(tb testing.TB) *portNS {
 	tb.Helper()
-	runtime.LockOSThread()
+	// Handles of both namespaces, for subtests' goroutines to enter and leave (enter).
 	orig, err := netns.Get()
 	if err != nil {
-		runtime.UnlockOSThread()
 		tb.Fatalf("get the thread's network namespace: %v", err)
 	}
-	ns, err := netns.New() // creates the namespace and moves this thread into it
+	tb.Cleanup(func() { orig.Close() })
+	bpftest.InNewNetns(tb)
+	ns, err := netns.Get()
 	if err != nil {
-		orig.Close()
-		runtime.UnlockOSThread()
-		tb.Fatalf("create a network namespace: %v", err)
+		tb.Fatalf("get the new network namespace: %v", err)
 	}
+	tb.Cleanup(func() { ns.Close() })
 	p := &portNS{ns: ns, orig: orig}
-	tb.Cleanup(func() {
-		if err := netns.Set(orig); err != nil {
-			// Stay locked: the thread ends with the goroutine instead of serving others in
-			// the wrong namespace.
-			tb.Errorf("return to the original network namespace: %v", err)
-			return
-		}
-		ns.Close()
-		orig.Close()
-		runtime.UnlockOSThread()
-	})
 	p.nl, err = netlink.NewHandle() // a netlink socket of the new namespace
 	if err != nil {
 		tb.Fatalf("netlink handle: %v", err)

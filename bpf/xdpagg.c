@@ -885,6 +885,16 @@ static __always_inline int handle_result(struct xdp_md *ctx, struct counters *ct
 	return broadcast(ctr);
 }
 
+/* The entry of a per-port map (keyed by ifindex) for this port, made from zero on first use. */
+static __always_inline void *port_entry(void *map, __u32 ifindex, void *zero)
+{
+	void *v = bpf_map_lookup_elem(map, &ifindex);
+	if (v)
+		return v;
+	bpf_map_update_elem(map, &ifindex, zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, &ifindex);
+}
+
 /* Account len bytes arriving at the port to its phantom queue, which drains at port_rate_Bps.
  * Returns nonzero when the backlog is over ecn_threshold_bytes: the link into this port carries
  * more than its capacity (whoever sends it: TCP counts too). Accounted: every frame passed to the
@@ -892,15 +902,10 @@ static __always_inline int handle_result(struct xdp_md *ctx, struct counters *ct
  * RESULTs, control messages and dropped frames are not. */
 static __always_inline int port_congested(struct xdp_md *ctx, __u64 len, int data)
 {
-	__u32 ifindex = ctx->ingress_ifindex;
-	struct port_queue *q = bpf_map_lookup_elem(&port_queues, &ifindex);
-	if (!q) {
-		struct port_queue zero = {};
-		bpf_map_update_elem(&port_queues, &ifindex, &zero, BPF_NOEXIST);
-		q = bpf_map_lookup_elem(&port_queues, &ifindex);
-		if (!q)
-			return 0;
-	}
+	struct port_queue zero = {};
+	struct port_queue *q = port_entry(&port_queues, ctx->ingress_ifindex, &zero);
+	if (!q)
+		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	int over;
 	bpf_spin_lock(&q->lock);
@@ -923,15 +928,10 @@ static __always_inline int port_congested(struct xdp_md *ctx, __u64 len, int dat
  * socket for the others: returns nonzero if this message is within its port's budget. */
 static __always_inline int ctl_admit(struct xdp_md *ctx)
 {
-	__u32 ifindex = ctx->ingress_ifindex;
-	struct ctl_bucket *b = bpf_map_lookup_elem(&ctl_budget, &ifindex);
-	if (!b) {
-		struct ctl_bucket zero = {};
-		bpf_map_update_elem(&ctl_budget, &ifindex, &zero, BPF_NOEXIST);
-		b = bpf_map_lookup_elem(&ctl_budget, &ifindex);
-		if (!b)
-			return 0;
-	}
+	struct ctl_bucket zero = {};
+	struct ctl_bucket *b = port_entry(&ctl_budget, ctx->ingress_ifindex, &zero);
+	if (!b)
+		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	int ok = 0;
 	bpf_spin_lock(&b->lock);

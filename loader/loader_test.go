@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
@@ -49,35 +47,6 @@ func bpffsDir(t *testing.T) string {
 		}
 	})
 	return dir
-}
-
-// inNewNetns locks the test goroutine to its thread and moves the thread into a fresh, unnamed
-// network namespace. At cleanup (after every cleanup registered later) the thread goes back to its
-// namespace and is unlocked; the new namespace disappears with its last reference.
-func inNewNetns(t *testing.T) {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("get network namespace: %v", err)
-	}
-	ns, err := netns.New()
-	if err != nil {
-		orig.Close()
-		runtime.UnlockOSThread()
-		t.Fatalf("new network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Set(orig); err != nil {
-			// Stay locked: the runtime discards the thread when the goroutine ends.
-			t.Errorf("restore network namespace: %v", err)
-			return
-		}
-		ns.Close()
-		orig.Close()
-		runtime.UnlockOSThread()
-	})
 }
 
 // addVeth creates a veth pair (in the thread's namespace), sets both ends up and returns the
@@ -460,7 +429,7 @@ func TestMountBPFFSIdempotent(t *testing.T) {
 }
 
 func TestAttachDetach(t *testing.T) {
-	inNewNetns(t)
+	bpftest.InNewNetns(t)
 	ifindex := addVeth(t, "xsw0", "xsw0p")
 	sw := load(t, loader.Config{PoolSize: 8})
 
@@ -518,7 +487,7 @@ func TestAttachDetach(t *testing.T) {
 }
 
 func TestAttachUnknownInterface(t *testing.T) {
-	inNewNetns(t)
+	bpftest.InNewNetns(t)
 	sw := load(t, loader.Config{PoolSize: 4})
 	const missing = 4242
 	err := sw.AttachPort(missing)
@@ -540,7 +509,7 @@ func TestAttachUnknownInterface(t *testing.T) {
 const xdpAttachedSKB = 2
 
 func TestAttachGeneric(t *testing.T) {
-	inNewNetns(t)
+	bpftest.InNewNetns(t)
 	ifindex := addVeth(t, "xgen0", "xgen0p")
 	sw := load(t, loader.Config{PoolSize: 4, Generic: true})
 	if err := sw.AttachPort(ifindex); err != nil {
@@ -559,7 +528,7 @@ func TestAttachGeneric(t *testing.T) {
 }
 
 func TestPinnedLinks(t *testing.T) {
-	inNewNetns(t)
+	bpftest.InNewNetns(t)
 	a := addVeth(t, "xpa", "xpap")
 	b := addVeth(t, "xpb", "xpbp")
 	root := bpffsDir(t)

@@ -9,52 +9,24 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 )
-
-// inNewNetns locks the test goroutine to its thread and moves the thread into a fresh network
-// namespace (only lo, down) until cleanup: psPort's routes and interfaces are the test's own.
-func inNewNetns(t *testing.T) {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("get network namespace: %v", err)
-	}
-	ns, err := netns.New()
-	if err != nil {
-		orig.Close()
-		runtime.UnlockOSThread()
-		t.Fatalf("new network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("restore network namespace: %v", err) // stay locked: the thread is discarded
-			return
-		}
-		ns.Close()
-		orig.Close()
-		runtime.UnlockOSThread()
-	})
-}
 
 // jobSwitch is a switch pinned as <root>/sw inside a fresh network namespace, where lo (up) is a
 // switch port (in the ports devmap) and a veth xd0 with 10.77.0.1/24 is not.
 func jobSwitch(t *testing.T, pool uint32) (*loader.Switch, string) {
 	t.Helper()
-	inNewNetns(t)
+	bpftest.InNewNetns(t)
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		t.Fatal(err)

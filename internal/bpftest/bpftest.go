@@ -5,9 +5,11 @@ package bpftest
 
 import (
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
 
 	"github.com/xdpagg/xdpagg/loader"
 )
@@ -38,4 +40,35 @@ func LoadSwitch(t testing.TB, cfg loader.Config) *loader.Switch {
 		}
 	})
 	return sw
+}
+
+// InNewNetns locks the test goroutine to its thread and moves the thread into a fresh, unnamed
+// network namespace (only lo, down) for the rest of the test. At cleanup (after every cleanup
+// registered later) the thread goes back to its namespace and is unlocked; the new namespace
+// disappears with its last reference. Subtests run on other goroutines, in the original namespace.
+func InNewNetns(tb testing.TB) {
+	tb.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		tb.Fatalf("get the thread's network namespace: %v", err)
+	}
+	ns, err := netns.New() // creates the namespace and moves this thread into it
+	if err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		tb.Fatalf("create a network namespace: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := netns.Set(orig); err != nil {
+			// Stay locked: the runtime discards the thread when the goroutine ends, instead of
+			// letting it serve others in the wrong namespace.
+			tb.Errorf("return to the original network namespace: %v", err)
+			return
+		}
+		ns.Close()
+		orig.Close()
+		runtime.UnlockOSThread()
+	})
 }
