@@ -139,7 +139,9 @@ func runBench(args []string, stdout io.Writer) error {
 		res.Report.Table(stdout)
 	}
 	if res.LossCost != nil {
-		fmt.Fprintln(stdout)
+		if res.Report != nil {
+			fmt.Fprintln(stdout)
+		}
 		res.LossCost.Table(stdout)
 	}
 	if res.Report != nil {
