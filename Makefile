@@ -40,7 +40,7 @@ test: deps-bench lint
 	@# pipefail: the line fails when the tests fail, not only when grep does. grep exits 1 when
 	@# no line matches, e.g. a figure a passing test no longer prints: only that status is
 	@# forgiven (2, a grep error, is not). Failing tests' names are kept ("--- FAIL").
-	set -o pipefail; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run 'TestSwitchModel$$|TestFaultScenarios$$|TestRetransmitCacheRecoversOneWorkersLosses$$|TestCongestion' -v ./bpf/ ./netns_tests/ | { grep -E 'differential model check|exact  slots leaked|retransmit cache:|congestion:|^[[:space:]]*--- FAIL|^(ok|FAIL|panic)' || [ $$? -eq 1 ]; }
+	set -o pipefail; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run 'TestSwitchModel$$|TestFaultScenarios$$|TestRetransmitCacheRecoversOneWorkersLosses$$|TestCongestion|TestAttack' -v ./bpf/ ./netns_tests/ | { grep -E 'differential model check|exact  slots leaked|retransmit cache:|congestion:|forged results:|join takeover:|spoofed data:|options and fragments:|direct results:|control flood:|tenant flood:|job stopped with|^[[:space:]]*--- FAIL|^(ok|FAIL|panic)' || [ $$? -eq 1 ]; }
 
 demo: deps build
 	./$(BIN) demo

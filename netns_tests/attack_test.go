@@ -82,6 +82,8 @@ func TestAttackForgedResults(t *testing.T) {
 	// A RESULT is held to the PS's exact registration (address, UDP port, switch port), which
 	// catches the spoofed source too: both kinds count as not_member.
 	grew(t, before, after, "not_member", 2*n)
+	t.Logf("forged results: %d frames; not_member +%d, ps_result +%d; job exact", e.atk.sent.Load(),
+		after["not_member"]-before["not_member"], after["ps_result"]-before["ps_result"])
 	if after["ps_result"] != before["ps_result"] {
 		t.Errorf("ps_result moved by %d: a forged RESULT was taken for the PS's", after["ps_result"]-before["ps_result"])
 	}
@@ -146,6 +148,8 @@ func TestAttackJoinTakeover(t *testing.T) {
 		t.Errorf("a member of job %d is bound behind the attacker's port: %+v", victimJob, port)
 	}
 	grew(t, before.Counters, after.Counters, "spoofed", 1)
+	t.Logf("join takeover: %d frames; members %d before and after; spoofed +%d; job exact", e.atk.sent.Load(),
+		len(after.Members), after.Counters["spoofed"]-before.Counters["spoofed"])
 	e.noResultsLeaked(t)
 }
 
@@ -194,6 +198,7 @@ func TestAttackSpoofedData(t *testing.T) {
 	// DATA is held to the member's exact registration (address, UDP port, switch port): the
 	// attacker's own address and worker 1's address from the wrong port both fail it.
 	grew(t, before, after, "not_member", 2)
+	t.Logf("spoofed data: %d frames; not_member +%d; job exact", e.atk.sent.Load(), after["not_member"]-before["not_member"])
 	e.noResultsLeaked(t)
 }
 
@@ -236,6 +241,8 @@ func TestAttackIPOptionsAndFragments(t *testing.T) {
 	grew(t, before, after, "ip_invalid", n)
 	grew(t, before, after, "malformed", 1)
 	grew(t, before, after, "spoofed", 1)
+	t.Logf("options and fragments: %d frames; ip_invalid +%d, malformed +%d, spoofed +%d; job exact", e.atk.sent.Load(),
+		after["ip_invalid"]-before["ip_invalid"], after["malformed"]-before["malformed"], after["spoofed"]-before["spoofed"])
 	e.noResultsLeaked(t)
 }
 
@@ -255,9 +262,11 @@ func TestAttackDirectResult(t *testing.T) {
 			e.atk.send(t, e.atk.from(e.atk.h.IP, aggPort, w0.IP, e.job.port, res(seq)), 1)
 		}
 	}, func() { reduceExact(e.ctx, t, e.job, rounds, roundLen, 500) })
-	if got := e.job.workers[0].Stats().Foreign; got == 0 {
+	got := e.job.workers[0].Stats().Foreign
+	if got == 0 {
 		t.Errorf("worker 0 counted no foreign results, though %d were sent to it", e.atk.sent.Load())
 	}
+	t.Logf("direct results: %d frames to worker 0's port; worker 0 refused %d as foreign; job exact", e.atk.sent.Load(), got)
 	e.noResultsLeaked(t)
 }
 
