@@ -94,10 +94,7 @@ func TestSwitchIPInvalid(t *testing.T) {
 	res := resultFrame(1, 1, 0, 2, 5, 6)
 	join := controlFrame(uint8(bpf.XdpaggMsgTypeMSG_JOIN))
 	mf := func(f *frame) { f.FragOff |= 0x2000 }
-	cases := []struct {
-		name string
-		in   frame
-	}{
+	cases := []namedFrame{
 		{"DATA with 4 bytes of options (IHL 6)", data.with(func(f *frame) { f.IHL = 6 })},
 		{"DATA with 40 bytes of options (IHL 15)", data.with(func(f *frame) { f.IHL = 15 })},
 		{"RESULT with options", res.with(func(f *frame) { f.IHL = 7 })},
@@ -129,16 +126,7 @@ func TestSwitchIPInvalid(t *testing.T) {
 		})},
 	}
 	s := load(t, 0)
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			got, _ := s.run(t, c.in)
-			if got != xdpDrop {
-				t.Errorf("verdict %s, want XDP_DROP", verdictName(got))
-			}
-			s.expectDelta(t, cnt{maps.CntRx: 1, maps.CntIPInvalid: 1})
-			s.allSlotsFree(t)
-		})
-	}
+	expectDropped(t, s, cases, maps.CntIPInvalid)
 	t.Run("DF alone is not a fragment", func(t *testing.T) {
 		s.runExpect(t, data.with(func(f *frame) { f.FragOff = 0x4000 }), xdpDrop)
 		s.expectDelta(t, cnt{maps.CntRx: 1, maps.CntAggregated: 1})

@@ -134,10 +134,7 @@ func TestSwitchMalformed(t *testing.T) {
 	realUDP := 8 + 32 + 16
 	realIP := 20 + realUDP
 	hdr := func(f func(h *bpf.XdpaggHdr)) frame { return base.with(setHdr(f)) }
-	cases := []struct {
-		name string
-		in   frame
-	}{
+	cases := []namedFrame{
 		{"truncated header", base.with(func(f *frame) { f.Truncate = offHdr + 16 })},
 		{"header present, values truncated", base.with(func(f *frame) { f.Truncate = offVals + 12 })},
 		{"UDP length longer than the datagram", base.with(func(f *frame) { f.UDPLen = realUDP + 4 })},
@@ -202,14 +199,26 @@ func TestSwitchMalformed(t *testing.T) {
 		})},
 		{"lengths agree, one byte short of the frame", base.with(func(f *frame) { f.UDPLen = realUDP - 1; f.IPLen = realIP - 1 })},
 	}
-	s := load(t, 0)
+	expectDropped(t, load(t, 0), cases, maps.CntMalformed)
+}
+
+// namedFrame is one case of a table of frames.
+type namedFrame struct {
+	name string
+	in   frame
+}
+
+// expectDropped runs every case through s and checks that each is dropped, counted in rx and in
+// verdict, and touches no slot.
+func expectDropped(t *testing.T, s *sw, cases []namedFrame, verdict maps.Counter) {
+	t.Helper()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got, _ := s.run(t, c.in)
 			if got != xdpDrop {
 				t.Errorf("verdict %s, want XDP_DROP", verdictName(got))
 			}
-			s.expectDelta(t, cnt{maps.CntRx: 1, maps.CntMalformed: 1})
+			s.expectDelta(t, cnt{maps.CntRx: 1, verdict: 1})
 			s.allSlotsFree(t)
 		})
 	}
