@@ -126,22 +126,39 @@ func collectGarbage(ctx context.Context, m *maps.Maps, ctrl *ControlServer, ever
 	}
 }
 
-// checkForwarding fails unless IPv4 forwarding is on at every port: strict source validation asks
-// the kernel's forwarding table (bpf_fib_lookup), which answers "forwarding disabled" for every
-// source otherwise, and the switch would drop all traffic as spoofed.
-func checkForwarding(links []netlink.Link) error {
-	for _, l := range links {
-		name := l.Attrs().Name
-		b, err := os.ReadFile(filepath.Join("/proc/sys/net/ipv4/conf", name, "forwarding"))
-		if err != nil {
-			return fmt.Errorf("%w: read forwarding setting of %s: %w", ErrConfig, name, err)
-		}
-		if strings.TrimSpace(string(b)) != "1" {
-			return fmt.Errorf("%w: IPv4 forwarding is off on %s: the switch routes, and its source validation asks the kernel's forwarding table; "+
-				"turn it on (sysctl -w net.ipv4.conf.all.forwarding=1)", ErrConfig, name)
+// enableForwarding turns IPv4 forwarding on at every port that has it off, and returns what
+// puts the old settings back. The switch routes what it does not absorb, and its source
+// validation asks the kernel's forwarding table (bpf_fib_lookup), which answers "forwarding
+// disabled" for every source at a port without it: the switch would drop all traffic there as
+// spoofed. Only the switch's own ports are changed, and only while it runs.
+func enableForwarding(links []netlink.Link, log *slog.Logger) (restore func(), err error) {
+	var changed []string
+	restore = func() {
+		for _, p := range changed {
+			if err := os.WriteFile(p, []byte("0"), 0o644); err != nil {
+				log.Error("restore forwarding setting", "file", p, "err", err)
+			}
 		}
 	}
-	return nil
+	for _, l := range links {
+		name := l.Attrs().Name
+		p := filepath.Join("/proc/sys/net/ipv4/conf", name, "forwarding")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			restore()
+			return nil, fmt.Errorf("%w: read forwarding setting of %s: %w", ErrConfig, name, err)
+		}
+		if strings.TrimSpace(string(b)) == "1" {
+			continue
+		}
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			restore()
+			return nil, fmt.Errorf("turn on IPv4 forwarding at %s (the switch routes, and its source validation needs it): %w", name, err)
+		}
+		changed = append(changed, p)
+		log.Info("IPv4 forwarding turned on for the switch's run", "iface", name)
+	}
+	return restore, nil
 }
 
 // Run loads and attaches the switch and serves until ctx is done, then detaches and unpins.
@@ -181,11 +198,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		links = append(links, l)
 	}
 
-	if !cfg.Switch.NoSourceCheck {
-		if err := checkForwarding(links); err != nil {
-			return err
-		}
+	restoreForwarding, err := enableForwarding(links, log)
+	if err != nil {
+		return err
 	}
+	defer restoreForwarding()
 
 	sw, err := loader.Load(cfg.Switch)
 	if err != nil {
