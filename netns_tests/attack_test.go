@@ -122,8 +122,8 @@ func TestAttackJoinTakeover(t *testing.T) {
 	before := inspect(t, e.bin, e.pinRoot)
 	wrongKey, _ := ctlauth.NewKey()
 	// A genuine JOIN of worker 0, sealed with the job's key as worker 0 would, recorded and
-	// played by the attacker from its own port, twice: refused as bound elsewhere, then as
-	// replayed.
+	// played by the attacker from its own port, twice: worker 0's binding is alive, so both are
+	// refused (bound elsewhere), and a refused message uses up no stamp of worker 0's.
 	genuine := join(0, netip.Addr{}, e.job.key, uint64(time.Now().UnixNano()))
 	e.atk.send(t, e.atk.from(me.IP, 9600, me.Gateway, aggPort, genuine), 2)
 	during(func() {
