@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Rewriting packets on their way out: results, packets handed to the PS, broadcasts, the shadow
+ * copy's unicast answer, the egress rewrite per member, and the copy to the retransmit cache.
+ */
+#ifndef __XDPAGG_REWRITE_H
+#define __XDPAGG_REWRITE_H
+
+static __always_inline __u16 csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* Full IPv4 header checksum (20 bytes, no options). */
+static __always_inline void ip_csum(struct iphdr *ip)
+{
+	__u16 *w = (__u16 *)ip;
+	__u32 sum = 0;
+	ip->check = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(struct iphdr) / 2); i++)
+		sum += w[i];
+	ip->check = csum_fold(sum);
+}
+
+/* Turn the packet in hand into a RESULT header for `bitmap`, keeping count/job/seq/index. */
+static __always_inline void make_result(struct hdr *h, __u32 bitmap, __u16 slot_flags, __u16 extra)
+{
+	h->type = MSG_RESULT;
+	h->flags = (h->flags & (F_LEVEL1)) | (slot_flags & (F_ECN | F_OVERFLOW)) | extra;
+	if (h->flags & F_LEVEL1)
+		h->bitmap1 = bitmap;
+	else
+		h->bitmap0 = bitmap;
+}
+
+/* Hand a packet to the PS unaggregated: the kernel routes it (dst is the PS). The UDP checksum is
+ * zeroed because we changed the header (and a veth sender may have left it partial). */
+static __always_inline int to_ps(struct counters *ctr, struct pkt *p, __u16 add_flags)
+{
+	p->h->flags |= add_flags;
+	p->udp->check = 0;
+	count(ctr, CNT_TO_PS);
+	return XDP_PASS;
+}
+
+static __always_inline int broadcast(struct counters *ctr)
+{
+	long r = bpf_redirect_map(&ports, 0, BPF_F_BROADCAST);
+	if (r != XDP_REDIRECT)
+		count(ctr, CNT_REDIRECT_ERR);
+	return (int)r;
+}
+
+/* Copy the result in the packet (header + n values) to the agent's retransmit cache. */
+static __always_inline void cache_result(struct xdp_md *ctx, struct counters *ctr, __u32 n)
+{
+	struct result_rec *rec = bpf_ringbuf_reserve(&results, sizeof(*rec), 0);
+	if (!rec) {
+		count(ctr, CNT_CACHE_FULL);
+		return;
+	}
+	__u64 len = sizeof(struct hdr) + (__u64)n * 4;
+	asm volatile("" : "+r"(len));
+	if (len < sizeof(struct hdr) + 4 || len > sizeof(*rec) ||
+	    bpf_xdp_load_bytes(ctx, OFF_HDR, rec, len)) {
+		bpf_ringbuf_discard(rec, 0);
+		count(ctr, CNT_CACHE_FULL);
+		return;
+	}
+	bpf_ringbuf_submit(rec, 0);
+	count(ctr, CNT_CACHED);
+}
+
+#endif

@@ -1,0 +1,273 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * State: the slot state machine (a pure decision under the slot's lock, which bpf/model_test.go
+ * mirrors step for step), slot quotas, per-port phantom queues and control budgets, and the
+ * garbage collector's compare-and-free.
+ */
+#ifndef __XDPAGG_STATE_H
+#define __XDPAGG_STATE_H
+
+/* Serial-number comparison (RFC 1982): is a after b, with wrap-around. */
+static __always_inline int seq_after(__u32 a, __u32 b)
+{
+	return (__s32)(a - b) > 0;
+}
+
+/* What the locked section decided. */
+enum data_verdict {
+	V_AGGREGATED = 0, /* summed, waiting for more */
+	V_COMPLETED,      /* summed and complete: packet (+ scratch tail) holds the sum */
+	V_DUPLICATE,
+	V_COLLISION,
+	V_SHADOW,         /* slot already complete: packet (+ scratch tail) holds the sum for this one worker */
+	V_TO_PS,          /* resend without a matching slot */
+	V_MALFORMED,
+	V_FLUSH,          /* resend on a half-filled slot: packet = its partial aggregate, to the PS; slot freed */
+	V_OVER_QUOTA,     /* the slot could be reserved, but the job holds its quota of slots */
+};
+
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
+
+/* A slot of job_id was freed or taken by another job: one slot less held by job_id. */
+static __always_inline void job_release_slot(__u32 job_id)
+{
+	struct job *o = bpf_map_lookup_elem(&jobs, &job_id);
+	if (o)
+		__sync_fetch_and_add(&o->held, -1);
+}
+
+/* The entry of a per-port map (keyed by ifindex) for this port, made from zero on first use. */
+static __always_inline void *port_entry(void *map, __u32 ifindex, void *zero)
+{
+	void *v = bpf_map_lookup_elem(map, &ifindex);
+	if (v)
+		return v;
+	bpf_map_update_elem(map, &ifindex, zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, &ifindex);
+}
+
+/* Account len bytes arriving at the port to its phantom queue, which drains at port_rate_Bps.
+ * Returns nonzero when the backlog is over ecn_threshold_bytes: the link into this port carries
+ * more than its capacity (whoever sends it: TCP counts too). Accounted: every frame passed to the
+ * kernel and every xdpagg DATA packet, so the program sees nearly the port's whole arrival rate;
+ * RESULTs, control messages and dropped frames are not. */
+static __always_inline int port_congested(struct xdp_md *ctx, __u64 len, int data)
+{
+	struct port_queue zero = {};
+	struct port_queue *q = port_entry(&port_queues, ctx->ingress_ifindex, &zero);
+	if (!q)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	int over;
+	bpf_spin_lock(&q->lock);
+	__u64 dt = now - q->last_ns;
+	/* Drain: dt * rate / 1e9, without overflowing for long idle gaps (cap dt at 1 s). */
+	if (dt > 1000000000ULL)
+		dt = 1000000000ULL;
+	__u64 drained = dt * (port_rate_Bps >> 10) / (1000000000ULL >> 10);
+	q->vq_bytes = q->vq_bytes > drained ? q->vq_bytes - drained : 0;
+	q->vq_bytes += len;
+	q->last_ns = now;
+	over = q->vq_bytes > ecn_threshold_bytes;
+	if (over && data)
+		q->marks++;
+	bpf_spin_unlock(&q->lock);
+	return over;
+}
+
+/* Per-port budget for control messages (GCRA), so that one port's flood cannot fill the agent's
+ * socket for the others: returns nonzero if this message is within its port's budget. */
+static __always_inline int ctl_admit(struct xdp_md *ctx)
+{
+	struct ctl_bucket zero = {};
+	struct ctl_bucket *b = port_entry(&ctl_budget, ctx->ingress_ifindex, &zero);
+	if (!b)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	int ok = 0;
+	bpf_spin_lock(&b->lock);
+	__u64 tat = b->tat > now ? b->tat : now;
+	if (tat - now <= ctl_burst_ns) {
+		b->tat = tat + ctl_interval_ns;
+		ok = 1;
+	} else {
+		b->dropped++;
+	}
+	bpf_spin_unlock(&b->lock);
+	return ok;
+}
+
+/* One slot of the garbage collector: 1 if it freed the slot. A global function, verified once on
+ * its own rather than once per loop iteration. */
+__noinline int gc_slot(__u32 idx, __u32 job, __u64 now)
+{
+	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
+	if (!s)
+		return 0;
+	__u32 owner = 0;
+	bpf_spin_lock(&s->lock);
+	if (s->state != SLOT_FREE && (job ? s->job_id == job : now - s->ts_ns > slot_timeout_ns)) {
+		s->state = SLOT_FREE;
+		owner = s->job_id;
+	}
+	bpf_spin_unlock(&s->lock);
+	if (!owner)
+		return 0;
+	job_release_slot(owner);
+	return 1;
+}
+
+/* Which value pass the locked section runs over the fragment's chunks. */
+enum value_pass {
+	PASS_NONE = 0,
+	PASS_COPY,    /* slot = packet */
+	PASS_READ,    /* packet = slot */
+	PASS_ADD,     /* slot += packet */
+	PASS_ADD_OUT, /* slot = packet = slot + packet */
+};
+
+/* One DATA contribution, as the slot state machine sees it. */
+struct contrib {
+	__u32 job, seq;
+	__u32 bitmap;     /* the contributor bits it carries */
+	__u16 nvals;
+	__u8 fan_in;
+	__u8 scale_log2;
+	__u16 flags;      /* F_ECN | F_OVERFLOW of the packet */
+	__u8 resend;      /* F_RESEND */
+	__u8 quota_ok;    /* the job may reserve a slot it does not hold */
+	__u64 now;        /* bpf_ktime_get_ns() */
+};
+
+/* What the state machine decided for a contribution. */
+struct decision {
+	int verdict;       /* enum data_verdict */
+	int pass;          /* enum value_pass: what to do with the values, still under the lock */
+	int reclaimed;     /* the slot was taken over (idle past the timeout, or the job's own older one) */
+	__s32 held_delta;  /* change of the contributing job's held slots */
+	__u32 prev_owner;  /* another job that lost the slot to this one (its held - 1) */
+};
+
+/*
+ * The slot state machine (docs/protocol.md, "Switch"): decides, and updates every field of the
+ * slot but its values, for one contribution. Runs under the slot's lock; touches nothing else.
+ * bpf/model_test.go mirrors it step for step.
+ */
+static __always_inline void slot_decide(struct slot *s, const struct contrib *c, struct decision *d)
+{
+	__u32 job = c->job, seq = c->seq, bm = c->bitmap;
+	int match = s->state != SLOT_FREE && s->job_id == job && s->seq == seq;
+	if (!match) {
+		int reusable = s->state == SLOT_FREE;
+		int stale = c->now - s->ts_ns > slot_timeout_ns;
+		if (s->state == SLOT_AGGREGATING && (stale || (s->job_id == job && seq_after(seq, s->seq)))) {
+			/* Abandoned half-filled slot (a job that died, or whose other contributions all
+			 * went to the PS): ATP's memory-leak fix. Its contributors still lack a result,
+			 * so they resend, and resends go to the PS. The job's own later fragment takes
+			 * it at once: a stale reservation (a delayed packet of a fragment the PS already
+			 * completed) would otherwise push the job to the PS until the timeout. */
+			reusable = d->reclaimed = 1;
+		} else if (s->state == SLOT_COMPLETE) {
+			/* A later fragment of the same job may retake its own completed slot: workers keep
+			 * at most `window` fragments in flight over 2*window slots, so the sender of
+			 * seq+2w has the result of seq+w, which every worker sent only after receiving
+			 * the result of seq (SwitchML's shadow-copy argument, docs/design.md). */
+			if (s->job_id == job && seq_after(seq, s->seq))
+				reusable = 1;
+			else if (stale)
+				reusable = d->reclaimed = 1;
+		}
+		int owned = s->state != SLOT_FREE && s->job_id == job;
+		if (c->resend) {
+			d->verdict = V_TO_PS; /* never reserve for a resend: its partners may be at the PS */
+		} else if (!reusable) {
+			d->verdict = V_COLLISION;
+		} else if (!owned && !c->quota_ok) {
+			d->verdict = V_OVER_QUOTA;
+		} else {
+			if (!owned) {
+				d->held_delta = 1;
+				if (s->state != SLOT_FREE)
+					d->prev_owner = s->job_id;
+			}
+			s->job_id = job;
+			s->seq = seq;
+			s->bitmap = bm;
+			s->nvals = c->nvals;
+			s->state = SLOT_AGGREGATING;
+			s->counter = 1;
+			s->fan_in = c->fan_in;
+			s->scale_log2 = c->scale_log2;
+			s->flags = c->flags;
+			s->ts_ns = c->now;
+			d->pass = PASS_COPY;
+			d->verdict = V_AGGREGATED;
+		}
+	} else if (s->state == SLOT_COMPLETE) {
+		/* The sender missed the result (or resent early): answer it alone from the slot. */
+		if (s->nvals != c->nvals) {
+			d->verdict = V_MALFORMED;
+		} else {
+			d->pass = PASS_READ;
+			d->verdict = V_SHADOW;
+		}
+	} else if (s->nvals != c->nvals || s->fan_in != c->fan_in) {
+		d->verdict = V_MALFORMED;
+	} else if (c->resend) {
+		/* ATP's partial flush: a resend means some contribution of this fragment is lost or
+		 * went to the PS, so waiting here may never end. Merge the sender's bits if new, then
+		 * send the slot's partial aggregate on to the PS (which completes the sum by bitmap)
+		 * and free the slot; later resends find no slot and go to the PS too. */
+		if ((bm & s->bitmap) == bm) {
+			d->pass = PASS_READ; /* already summed: the packet carries the slot's partial sum */
+			d->verdict = V_FLUSH;
+		} else if (bm & s->bitmap) {
+			d->verdict = V_TO_PS;
+		} else {
+			s->bitmap |= bm;
+			s->counter++;
+			s->flags |= c->flags;
+			d->pass = PASS_ADD_OUT;
+			d->verdict = V_FLUSH;
+		}
+		s->ts_ns = c->now;
+	} else if ((bm & ~s->bitmap) == 0) {
+		s->flags |= c->flags & F_ECN;
+		d->verdict = V_DUPLICATE; /* every contributor already summed */
+	} else if (bm & s->bitmap) {
+		/* A partial aggregate overlapping the slot: adding it would count some contributors
+		 * twice, dropping it would lose the others. The PS sorts it out by bitmap. */
+		d->verdict = V_TO_PS;
+	} else {
+		s->bitmap |= bm;
+		s->counter++;
+		s->flags |= c->flags;
+		s->ts_ns = c->now;
+		d->verdict = V_AGGREGATED;
+		/* Complete when every contributor is in: bits, not packets, since a packet may carry
+		 * a partial aggregate of several workers. Known before adding, so only the completing
+		 * contribution pays for writing the sum into its packet. */
+		if ((__u32)__builtin_popcount(s->bitmap) >= s->fan_in)
+			d->pass = PASS_ADD_OUT;
+		else
+			d->pass = PASS_ADD;
+	}
+}
+
+/* After the value pass, still under the lock: a full slot completes (a resend that completes
+ * the sum completes it here), a flushed one is freed. */
+static __always_inline void slot_settle(struct slot *s, struct decision *d)
+{
+	int full = (__u32)__builtin_popcount(s->bitmap) >= s->fan_in;
+	if ((d->verdict == V_AGGREGATED || d->verdict == V_FLUSH) && full) {
+		s->state = SLOT_COMPLETE;
+		d->verdict = V_COMPLETED;
+	} else if (d->verdict == V_FLUSH) {
+		s->state = SLOT_FREE;
+		d->held_delta = -1;
+	}
+}
+
+#endif
