@@ -1,12 +1,13 @@
 package agent
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/xdpagg/xdpagg/bpf"
+
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // ResultCache is the switch CPU's copy of completed in-switch sums (Libra §3.6): the XDP program
@@ -82,19 +83,17 @@ var errBadRecord = fmt.Errorf("malformed result record")
 
 // Store takes one `results` ring-buffer record (struct result_rec).
 func (c *ResultCache) Store(rec []byte, now time.Time) error {
-	if len(rec) < bpf.HdrSize {
+	if len(rec) < wire.HdrSize {
 		return fmt.Errorf("%w: %d bytes", errBadRecord, len(rec))
 	}
-	var h bpf.XdpaggHdr
-	if _, err := binary.Decode(rec[:bpf.HdrSize], binary.LittleEndian, &h); err != nil {
-		return fmt.Errorf("%w: %w", errBadRecord, err)
-	}
-	n := bpf.HdrSize + 4*int(h.Count)
-	if h.Type != uint8(bpf.XdpaggMsgTypeMSG_RESULT) || h.Count == 0 || int(h.Count) > bpf.MaxValues || n > len(rec) {
+	var h wire.Header
+	wire.DecodeHeader(rec, &h)
+	n := wire.HdrSize + 4*int(h.Count)
+	if h.Type != wire.MsgResult || h.Count == 0 || int(h.Count) > wire.MaxValues || n > len(rec) {
 		return fmt.Errorf("%w: type %d count %d in %d bytes", errBadRecord, h.Type, h.Count, len(rec))
 	}
 	want := h.Bitmap0
-	if h.Flags&uint16(bpf.XdpaggFlagF_LEVEL1) != 0 {
+	if h.Flags&wire.FlagLevel1 != 0 {
 		want = h.Bitmap1
 	}
 	c.mu.Lock()
@@ -173,7 +172,7 @@ func (c *ResultCache) ackedByAll(job, seq, want uint32) bool {
 	if ja == nil || want == 0 {
 		return false
 	}
-	for id := range uint8(bpf.MaxWorkers) {
+	for id := range uint8(wire.MaxWorkers) {
 		if want&(1<<id) == 0 {
 			continue
 		}

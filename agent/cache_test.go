@@ -6,20 +6,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // resultRecord is a results ring-buffer record: a RESULT header for <job, seq> with the
 // contributor bitmap, and vals.
 func resultRecord(t *testing.T, job, seq, bitmap uint32, vals ...int32) []byte {
 	t.Helper()
-	h := bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_RESULT), Count: uint16(len(vals)),
-		JobId: job, Seq: seq, Bitmap0: bitmap, FanIn0: 2, Flags: uint16(bpf.XdpaggFlagF_FROM_SWITCH), ScaleLog2: 24}
-	b, err := binary.Append(nil, binary.LittleEndian, &h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err = binary.Append(b, binary.LittleEndian, vals)
+	h := wire.Header{Version: wire.Version, Type: wire.MsgResult, Count: uint16(len(vals)),
+		JobId: job, Seq: seq, Bitmap0: bitmap, FanIn0: 2, Flags: wire.FlagFromSwitch, ScaleLog2: 24}
+	b, err := binary.Append(wire.AppendHeader(nil, &h), binary.LittleEndian, vals)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +30,7 @@ func TestResultCacheEviction(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if pkt, ok := c.Get(1, 11); !ok || len(pkt) != bpf.HdrSize+4 || int32(binary.LittleEndian.Uint32(pkt[bpf.HdrSize:])) != 11 {
+	if pkt, ok := c.Get(1, 11); !ok || len(pkt) != wire.HdrSize+4 || int32(binary.LittleEndian.Uint32(pkt[wire.HdrSize:])) != 11 {
 		t.Fatalf("Get(1, 11) = %x, %v", pkt, ok)
 	}
 	if _, ok := c.Get(1, 99); ok {
@@ -81,8 +77,8 @@ func TestResultCacheRejectsBadRecords(t *testing.T) {
 	good := resultRecord(t, 1, 1, 1, 5)
 	bad := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
 	for name, rec := range map[string][]byte{
-		"short":      good[:bpf.HdrSize-1],
-		"not result": bad(func(b []byte) []byte { b[1] = uint8(bpf.XdpaggMsgTypeMSG_DATA); return b }),
+		"short":      good[:wire.HdrSize-1],
+		"not result": bad(func(b []byte) []byte { b[1] = wire.MsgData; return b }),
 		"count 0":    bad(func(b []byte) []byte { binary.LittleEndian.PutUint16(b[6:], 0); return b }),
 		"count past": bad(func(b []byte) []byte { binary.LittleEndian.PutUint16(b[6:], 1000); return b }),
 	} {
@@ -116,17 +112,17 @@ func TestHandleRetransmit(t *testing.T) {
 	buf := make([]byte, 256)
 	_ = w.conn.SetReadDeadline(time.Now().Add(failsafeFor))
 	n, _, err := w.conn.ReadFromUDPAddrPort(buf)
-	if err != nil || n != bpf.HdrSize+8 {
+	if err != nil || n != wire.HdrSize+8 {
 		t.Fatalf("cached result: %d bytes, %v", n, err)
 	}
-	var h bpf.XdpaggHdr
-	_, _ = binary.Decode(buf[:bpf.HdrSize], binary.LittleEndian, &h)
-	if h.Type != uint8(bpf.XdpaggMsgTypeMSG_RESULT) || h.Seq != 42 || h.Flags&uint16(bpf.XdpaggFlagF_CACHED) == 0 ||
-		int32(binary.LittleEndian.Uint32(buf[bpf.HdrSize+4:])) != -8 {
-		t.Errorf("cached result %+v %x", h, buf[bpf.HdrSize:n])
+	var h wire.Header
+	wire.DecodeHeader(buf, &h)
+	if h.Type != wire.MsgResult || h.Seq != 42 || h.Flags&wire.FlagCached == 0 ||
+		int32(binary.LittleEndian.Uint32(buf[wire.HdrSize+4:])) != -8 {
+		t.Errorf("cached result %+v %x", h, buf[wire.HdrSize:n])
 	}
 	// The cache keeps its copy unflagged.
-	if pkt, ok := cache.Get(testJob, 42); !ok || binary.LittleEndian.Uint16(pkt[4:6])&uint16(bpf.XdpaggFlagF_CACHED) != 0 {
+	if pkt, ok := cache.Get(testJob, 42); !ok || wire.PacketFlags(pkt)&wire.FlagCached != 0 {
 		t.Errorf("cached copy after a hit: %x, %v", pkt, ok)
 	}
 	// Miss: ACK with the same seq.
@@ -175,7 +171,7 @@ func TestResultCacheForgetJob(t *testing.T) {
 		}
 	}
 	st := c.Stats()
-	if st.Entries != 3 || st.Bytes != 3*uint64(bpf.HdrSize+4) || st.EvictedAcked != 1 || st.EvictedAge != 2 {
+	if st.Entries != 3 || st.Bytes != 3*uint64(wire.HdrSize+4) || st.EvictedAcked != 1 || st.EvictedAge != 2 {
 		t.Errorf("stats after ForgetJob(1): %+v", st)
 	}
 	// Job 1's acknowledgements went too: its seq 10 is cached again.

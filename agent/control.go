@@ -19,6 +19,7 @@ import (
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Defaults of ControlConfig.
@@ -274,14 +275,12 @@ func (c *ControlServer) idleSince(ref workerRef) time.Time {
 }
 
 func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error {
-	var h bpf.XdpaggHdr
-	if len(b) < bpf.HdrSize {
+	var h wire.Header
+	if len(b) < wire.HdrSize {
 		return refuse(RejectMalformed, "%d bytes", len(b))
 	}
-	if _, err := binary.Decode(b[:bpf.HdrSize], binary.LittleEndian, &h); err != nil {
-		return refuse(RejectMalformed, "header: %w", err)
-	}
-	if h.Version != bpf.Version || h.JobId == 0 || h.Reserved != 0 || h.Count != 0 {
+	wire.DecodeHeader(b, &h)
+	if h.Version != wire.Version || h.JobId == 0 || h.Reserved != 0 || h.Count != 0 {
 		return refuse(RejectMalformed, "version %d job %d reserved %d count %d", h.Version, h.JobId, h.Reserved, h.Count)
 	}
 	typ := bpf.XdpaggMsgType(h.Type)
@@ -289,8 +288,8 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	if !ok {
 		return refuse(RejectMalformed, "type %d is not handled by the agent", h.Type)
 	}
-	if len(b) != bpf.HdrSize+body+ctlauth.TrailerSize {
-		return refuse(RejectMalformed, "%s of %d bytes, want %d", msgName(h.Type), len(b), bpf.HdrSize+body+ctlauth.TrailerSize)
+	if len(b) != wire.HdrSize+body+ctlauth.TrailerSize {
+		return refuse(RejectMalformed, "%s of %d bytes, want %d", msgName(h.Type), len(b), wire.HdrSize+body+ctlauth.TrailerSize)
 	}
 	portMAC, ok := c.ports[ifindex]
 	if !ok {
@@ -329,7 +328,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	var jb bpf.XdpaggJoinBody
 	switch typ {
 	case bpf.XdpaggMsgTypeMSG_JOIN:
-		if _, err := binary.Decode(msg[bpf.HdrSize:], binary.LittleEndian, &jb); err != nil {
+		if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &jb); err != nil {
 			return refuse(RejectMalformed, "join body: %w", err)
 		}
 		if jb.Reserved != 0 {
@@ -391,8 +390,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if c.cache != nil {
 			if pkt, ok := c.cache.Get(h.JobId, h.Seq); ok {
 				out := append([]byte(nil), pkt...)
-				fl := binary.LittleEndian.Uint16(out[4:6]) | uint16(bpf.XdpaggFlagF_CACHED)
-				binary.LittleEndian.PutUint16(out[4:6], fl)
+				wire.SetPacketFlags(out, wire.PacketFlags(out)|wire.FlagCached)
 				if err := c.send(out, from); err != nil {
 					return fmt.Errorf("send cached result: %w", err)
 				}
@@ -410,7 +408,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 // port) may rebind at once (a restarted worker on a new UDP port), anyone holding the key after
 // the binding has been silent for MemberTTL. One member per job per port, and at most
 // MaxMembersPerPort members behind a port.
-func (c *ControlServer) mayJoin(h bpf.XdpaggHdr, ifindex int, from netip.AddrPort, bound bool, binding maps.Contributor, now time.Time) error {
+func (c *ControlServer) mayJoin(h wire.Header, ifindex int, from netip.AddrPort, bound bool, binding maps.Contributor, now time.Time) error {
 	ref := workerRef{h.JobId, h.WorkerId}
 	if bound && !isBinding(binding, ifindex, from) {
 		sameHost := binding.Addr.Addr() == from.Addr() && binding.Ifindex == uint32(ifindex)
@@ -451,13 +449,10 @@ func (c *ControlServer) mayJoin(h bpf.XdpaggHdr, ifindex int, from netip.AddrPor
 }
 
 // ack answers h with an authenticated MSG_ACK (same job, seq and worker id).
-func (c *ControlServer) ack(h bpf.XdpaggHdr, key []byte, to netip.AddrPort) error {
-	a := bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_ACK), JobId: h.JobId, Seq: h.Seq, WorkerId: h.WorkerId}
-	out, err := binary.Append(nil, binary.LittleEndian, &a)
+func (c *ControlServer) ack(h wire.Header, key []byte, to netip.AddrPort) error {
+	a := wire.Header{Version: wire.Version, Type: wire.MsgAck, JobId: h.JobId, Seq: h.Seq, WorkerId: h.WorkerId}
+	out, err := ctlauth.Seal(key, wire.AppendHeader(nil, &a), c.stamper.Next())
 	if err != nil {
-		return fmt.Errorf("encode ack: %w", err)
-	}
-	if out, err = ctlauth.Seal(key, out, c.stamper.Next()); err != nil {
 		return err
 	}
 	if err := c.send(out, to); err != nil {

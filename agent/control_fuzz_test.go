@@ -41,6 +41,7 @@ import (
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	xmaps "github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 const (
@@ -268,12 +269,9 @@ func fzEncode(typ, job, worker, seq, body byte) []byte {
 	case 3:
 		id = 99
 	}
-	h := bpf.XdpaggHdr{Version: bpf.Version, Type: typ, JobId: id, Seq: uint32(seq), WorkerId: worker}
-	b, err := binary.Append(nil, binary.LittleEndian, &h)
-	if err != nil {
-		panic(err)
-	}
-	withBody := typ == uint8(bpf.XdpaggMsgTypeMSG_JOIN) || typ == uint8(bpf.XdpaggMsgTypeMSG_LEAVE)
+	h := wire.Header{Version: wire.Version, Type: typ, JobId: id, Seq: uint32(seq), WorkerId: worker}
+	b := wire.AppendHeader(nil, &h)
+	withBody := typ == wire.MsgJoin || typ == wire.MsgLeave
 	if body&4 != 0 {
 		withBody = !withBody
 	}
@@ -289,10 +287,9 @@ func fzEncode(typ, job, worker, seq, body byte) []byte {
 		rip = j.ps.Addr()
 	}
 	if rip.IsValid() {
-		a := rip.As4()
-		jb.ResultIp = binary.LittleEndian.Uint32(a[:])
+		jb.ResultIp = wire.IPv4ToMap(rip)
 	}
-	b, err = binary.Append(b, binary.LittleEndian, &jb)
+	b, err := binary.Append(b, binary.LittleEndian, &jb)
 	if err != nil {
 		panic(err)
 	}
@@ -324,11 +321,11 @@ const (
 
 func FuzzControlHandle(f *testing.F) {
 	const (
-		join  = uint8(bpf.XdpaggMsgTypeMSG_JOIN)
-		leave = uint8(bpf.XdpaggMsgTypeMSG_LEAVE)
-		ack   = uint8(bpf.XdpaggMsgTypeMSG_ACK)
-		rtx   = uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT)
-		data  = uint8(bpf.XdpaggMsgTypeMSG_DATA)
+		join  = wire.MsgJoin
+		leave = wire.MsgLeave
+		ack   = wire.MsgAck
+		rtx   = wire.MsgRetransmit
+		data  = wire.MsgData
 		sA0   = 0 << 2
 		sA1   = 1 << 2
 		sB    = 2 << 2
@@ -408,7 +405,7 @@ func FuzzControlHandle(f *testing.F) {
 		fzRaw(S|sA0, 0, v2),
 		fzRaw(S|sA0, 0, res),
 		fzRaw(S|sA0, 0, cnt),
-		fzRaw(S|sA0, 0, fzEncode(join, A, 0, 1, mac1)[:bpf.HdrSize+11]),
+		fzRaw(S|sA0, 0, fzEncode(join, A, 0, 1, mac1)[:wire.HdrSize+11]),
 		fzRaw(sA0, 0, []byte("junk")),
 		fzRaw(0, 0, nil),
 	))
@@ -428,9 +425,9 @@ func FuzzControlHandle(f *testing.F) {
 			if meta&fzTinyTTL != 0 {
 				c.cfg.MemberTTL = time.Nanosecond
 			}
-			var h bpf.XdpaggHdr
-			if len(d) >= bpf.HdrSize {
-				_, _ = binary.Decode(d[:bpf.HdrSize], binary.LittleEndian, &h)
+			var h wire.Header
+			if len(d) >= wire.HdrSize {
+				wire.DecodeHeader(d, &h)
 			}
 			if meta&fzSeal != 0 {
 				stamp := fzCtl.stamps.Next()
@@ -463,7 +460,7 @@ func FuzzControlHandle(f *testing.F) {
 			var body []byte
 			var stamp uint64
 			authentic := false
-			if admitted && len(d) >= bpf.HdrSize {
+			if admitted && len(d) >= wire.HdrSize {
 				var oerr error
 				body, stamp, oerr = ctlauth.Open(j.key, d)
 				authentic = oerr == nil
@@ -503,7 +500,7 @@ func FuzzControlHandle(f *testing.F) {
 				switch bpf.XdpaggMsgType(h.Type) {
 				case bpf.XdpaggMsgTypeMSG_JOIN:
 					var jb bpf.XdpaggJoinBody
-					_, _ = binary.Decode(body[bpf.HdrSize:], binary.LittleEndian, &jb)
+					_, _ = binary.Decode(body[wire.HdrSize:], binary.LittleEndian, &jb)
 					mv, ok := after.members[mk]
 					if !bound || w != sender || !ok || mv.WorkerId != h.WorkerId || mv.DstMac != jb.Mac {
 						t.Fatalf("message %d: JOIN %+v from %v on %d accepted, but bound %+v (%v), member %+v (%v)", i, h, from, ifindex, w, bound, mv, ok)
@@ -545,8 +542,8 @@ func FuzzControlHandle(f *testing.F) {
 			// Liveness: what nothing in the policy may refuse. An ACK or RETRANSMIT from the
 			// worker id's binding with a fresh stamp (above the last one accepted for the id:
 			// refused messages, the binding's or anyone else's, must not have used one up).
-			if authentic && err != nil && (h.Type == uint8(bpf.XdpaggMsgTypeMSG_ACK) || h.Type == uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT)) &&
-				len(d) == bpf.HdrSize+ctlauth.TrailerSize && h.Version == bpf.Version && h.Reserved == 0 && h.Count == 0 {
+			if authentic && err != nil && (h.Type == wire.MsgAck || h.Type == wire.MsgRetransmit) &&
+				len(d) == wire.HdrSize+ctlauth.TrailerSize && h.Version == wire.Version && h.Reserved == 0 && h.Count == 0 {
 				a4 := from.Addr().As4()
 				w, ok := before.workers[bpf.XdpaggWorkerKey{JobId: h.JobId, WorkerId: uint32(h.WorkerId)}]
 				l, seen := last[ref]
@@ -556,11 +553,11 @@ func FuzzControlHandle(f *testing.F) {
 				}
 			}
 			// A JOIN for a free worker id on a port with room.
-			if authentic && err != nil && ifindex != fzCtlNotAPort && len(d) == bpf.HdrSize+12+ctlauth.TrailerSize &&
-				h.Type == uint8(bpf.XdpaggMsgTypeMSG_JOIN) && h.Version == bpf.Version && h.Reserved == 0 && h.Count == 0 &&
+			if authentic && err != nil && ifindex != fzCtlNotAPort && len(d) == wire.HdrSize+12+ctlauth.TrailerSize &&
+				h.Type == wire.MsgJoin && h.Version == wire.Version && h.Reserved == 0 && h.Count == 0 &&
 				h.WorkerId < j.workers {
 				var jb bpf.XdpaggJoinBody
-				_, _ = binary.Decode(body[bpf.HdrSize:], binary.LittleEndian, &jb)
+				_, _ = binary.Decode(body[wire.HdrSize:], binary.LittleEndian, &jb)
 				ps := j.ps.Addr().As4()
 				l, seen := last[ref]
 				fresh := (!seen || stamp > l) && time.Unix(0, int64(stamp)).Sub(now).Abs() < ctlauth.MaxSkew-time.Second

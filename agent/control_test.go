@@ -21,6 +21,7 @@ import (
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 const (
@@ -30,10 +31,10 @@ const (
 	testJob     = 42
 	otherJob    = 43 // another admitted job, with its own key and PS
 	testWorkers = 4  // admitted workers of testJob and otherJob
-	msgJoin     = uint8(bpf.XdpaggMsgTypeMSG_JOIN)
-	msgLeave    = uint8(bpf.XdpaggMsgTypeMSG_LEAVE)
-	msgAck      = uint8(bpf.XdpaggMsgTypeMSG_ACK)
-	msgRtx      = uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT)
+	msgJoin     = wire.MsgJoin
+	msgLeave    = wire.MsgLeave
+	msgAck      = wire.MsgAck
+	msgRtx      = wire.MsgRetransmit
 	failsafeFor = time.Second // read deadline that only keeps a broken test from hanging
 )
 
@@ -118,9 +119,9 @@ func newWorkerAt(t *testing.T, ip string) *worker {
 
 // readAck reads one datagram, which must be an ACK sealed under key with a fresh stamp above the
 // previous ACK's, and returns its header and sender.
-func (w *worker) readAck(t *testing.T, key []byte) (bpf.XdpaggHdr, netip.AddrPort) {
+func (w *worker) readAck(t *testing.T, key []byte) (wire.Header, netip.AddrPort) {
 	t.Helper()
-	var h bpf.XdpaggHdr
+	var h wire.Header
 	if err := w.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
 		t.Fatal(err)
 	}
@@ -129,8 +130,8 @@ func (w *worker) readAck(t *testing.T, key []byte) (bpf.XdpaggHdr, netip.AddrPor
 	if err != nil {
 		t.Fatalf("read ACK: %v", err)
 	}
-	if n != bpf.HdrSize+ctlauth.TrailerSize {
-		t.Errorf("ACK is %d bytes, want a %d-byte header and a %d-byte trailer", n, bpf.HdrSize, ctlauth.TrailerSize)
+	if n != wire.HdrSize+ctlauth.TrailerSize {
+		t.Errorf("ACK is %d bytes, want a %d-byte header and a %d-byte trailer", n, wire.HdrSize, ctlauth.TrailerSize)
 	}
 	msg, stamp, err := ctlauth.Open(key, buf[:n])
 	if err != nil {
@@ -143,9 +144,10 @@ func (w *worker) readAck(t *testing.T, key []byte) (bpf.XdpaggHdr, netip.AddrPor
 		t.Errorf("ACK stamp %d not above the previous ACK's %d", stamp, w.lastStamp)
 	}
 	w.lastStamp = stamp
-	if _, err := binary.Decode(msg, binary.LittleEndian, &h); err != nil {
-		t.Fatalf("decode ACK: %v", err)
+	if len(msg) < wire.HdrSize {
+		t.Fatalf("ACK of %d bytes", len(msg))
 	}
+	wire.DecodeHeader(msg, &h)
 	return h, from
 }
 
@@ -172,16 +174,14 @@ func (w *worker) noDatagram(t *testing.T) {
 }
 
 // msg encodes a control message: header, then the join body if any (no trailer).
-func msg(t testing.TB, h bpf.XdpaggHdr, body *bpf.XdpaggJoinBody) []byte {
+func msg(t testing.TB, h wire.Header, body *bpf.XdpaggJoinBody) []byte {
 	t.Helper()
-	b, err := binary.Append(nil, binary.LittleEndian, &h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) != bpf.HdrSize {
-		t.Fatalf("header encodes to %d bytes, want %d", len(b), bpf.HdrSize)
+	b := wire.AppendHeader(nil, &h)
+	if len(b) != wire.HdrSize {
+		t.Fatalf("header encodes to %d bytes, want %d", len(b), wire.HdrSize)
 	}
 	if body != nil {
+		var err error
 		if b, err = binary.Append(b, binary.LittleEndian, body); err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +205,7 @@ func seal(t testing.TB, key, m []byte) []byte {
 }
 
 // sealed is seal(msg(...)).
-func sealed(t testing.TB, key []byte, h bpf.XdpaggHdr, body *bpf.XdpaggJoinBody) []byte {
+func sealed(t testing.TB, key []byte, h wire.Header, body *bpf.XdpaggJoinBody) []byte {
 	t.Helper()
 	return seal(t, key, msg(t, h, body))
 }
@@ -214,14 +214,13 @@ func joinBody(mac net.HardwareAddr, rip netip.Addr) *bpf.XdpaggJoinBody {
 	var body bpf.XdpaggJoinBody
 	copy(body.Mac[:], mac)
 	if rip.IsValid() {
-		a := rip.As4()
-		body.ResultIp = binary.LittleEndian.Uint32(a[:]) // network-order bytes in memory
+		body.ResultIp = wire.IPv4ToMap(rip) // network-order bytes in memory
 	}
 	return &body
 }
 
-func hdr(typ uint8, job uint32, seq uint32, worker uint8) bpf.XdpaggHdr {
-	return bpf.XdpaggHdr{Version: bpf.Version, Type: typ, JobId: job, Seq: seq, WorkerId: worker}
+func hdr(typ uint8, job uint32, seq uint32, worker uint8) wire.Header {
+	return wire.Header{Version: wire.Version, Type: typ, JobId: job, Seq: seq, WorkerId: worker}
 }
 
 // join, leave, ack and rtx are sealed messages of testJob (under key).
@@ -278,7 +277,7 @@ func wantRefused(t *testing.T, err error, reason, want string) {
 func accept(t *testing.T, c *ControlServer, b []byte, ifindex int, from netip.AddrPort) {
 	t.Helper()
 	if err := c.handle(b, ifindex, from); err != nil {
-		t.Fatalf("handle(%x from %v on %d): %v", b[:min(len(b), bpf.HdrSize)], from, ifindex, err)
+		t.Fatalf("handle(%x from %v on %d): %v", b[:min(len(b), wire.HdrSize)], from, ifindex, err)
 	}
 }
 
@@ -336,7 +335,7 @@ func TestHandleJoinLeave(t *testing.T) {
 		t.Errorf("binding of worker 3 = %+v, want %v on %d", b, w.addr, testPort)
 	}
 	a, from := w.readAck(t, ct.key)
-	want := bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: testJob, Seq: 0xdeadbeef, WorkerId: 3}
+	want := wire.Header{Version: wire.Version, Type: msgAck, JobId: testJob, Seq: 0xdeadbeef, WorkerId: 3}
 	if a != want {
 		t.Errorf("JOIN ACK = %+v, want %+v", a, want)
 	}
@@ -360,7 +359,7 @@ func TestHandleJoinLeave(t *testing.T) {
 	}
 	unbound(t, m, 3)
 	a, _ = w.readAck(t, ct.key)
-	want = bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: testJob, Seq: 77, WorkerId: 3}
+	want = wire.Header{Version: wire.Version, Type: msgAck, JobId: testJob, Seq: 77, WorkerId: 3}
 	if a != want {
 		t.Errorf("LEAVE ACK = %+v, want %+v", a, want)
 	}
@@ -436,7 +435,7 @@ func TestHandleMalformed(t *testing.T) {
 	w := newWorker(t)
 	key := ct.key
 	j := msg(t, hdr(msgJoin, testJob, 1, 0), joinBody(workerMAC, resultIP))
-	withHdr := func(f func(*bpf.XdpaggHdr)) func(t *testing.T) []byte {
+	withHdr := func(f func(*wire.Header)) func(t *testing.T) []byte {
 		return func(t *testing.T) []byte {
 			h := hdr(msgJoin, testJob, 1, 0)
 			f(&h)
@@ -449,24 +448,24 @@ func TestHandleMalformed(t *testing.T) {
 	}
 	runRefusals(t, ct, w, nil, []refusalCase{
 		malformed("empty", fixed(nil), "0 bytes"),
-		malformed("truncated header", fixed(j[:bpf.HdrSize-1]), "31 bytes"),
+		malformed("truncated header", fixed(j[:wire.HdrSize-1]), "31 bytes"),
 		malformed("JOIN without trailer", fixed(j), "JOIN of 44 bytes, want 68"),
-		malformed("JOIN without body", func(t *testing.T) []byte { return seal(t, key, j[:bpf.HdrSize]) }, "JOIN of 56 bytes, want 68"),
+		malformed("JOIN without body", func(t *testing.T) []byte { return seal(t, key, j[:wire.HdrSize]) }, "JOIN of 56 bytes, want 68"),
 		malformed("JOIN with a truncated trailer", func(t *testing.T) []byte { b := seal(t, key, j); return b[:len(b)-1] }, "want 68"),
 		malformed("JOIN with a byte more", func(t *testing.T) []byte { return append(seal(t, key, j), 0) }, "want 68"),
 		malformed("LEAVE without body", func(t *testing.T) []byte { return sealed(t, key, hdr(msgLeave, testJob, 1, 0), nil) }, "LEAVE of 56 bytes"),
 		malformed("ACK with a body", func(t *testing.T) []byte {
 			return sealed(t, key, hdr(msgAck, testJob, 1, 0), joinBody(workerMAC, resultIP))
 		}, "ACK of 68 bytes, want 56"),
-		malformed("version 2", withHdr(func(h *bpf.XdpaggHdr) { h.Version = 2 }), "version 2"),
-		malformed("version 0", withHdr(func(h *bpf.XdpaggHdr) { h.Version = 0 }), "version 0"),
-		malformed("job 0", withHdr(func(h *bpf.XdpaggHdr) { h.JobId = 0 }), "job 0"),
-		malformed("reserved", withHdr(func(h *bpf.XdpaggHdr) { h.Reserved = 1 }), "reserved 1"),
-		malformed("count", withHdr(func(h *bpf.XdpaggHdr) { h.Count = 3 }), "count 3"),
-		malformed("DATA", withHdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_DATA) }), "type 1 is not handled"),
-		malformed("RESULT", withHdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_RESULT) }), "not handled"),
-		malformed("HEARTBEAT", withHdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT) }), "not handled"),
-		malformed("unknown type", withHdr(func(h *bpf.XdpaggHdr) { h.Type = 200 }), "type 200"),
+		malformed("version 2", withHdr(func(h *wire.Header) { h.Version = 2 }), "version 2"),
+		malformed("version 0", withHdr(func(h *wire.Header) { h.Version = 0 }), "version 0"),
+		malformed("job 0", withHdr(func(h *wire.Header) { h.JobId = 0 }), "job 0"),
+		malformed("reserved", withHdr(func(h *wire.Header) { h.Reserved = 1 }), "reserved 1"),
+		malformed("count", withHdr(func(h *wire.Header) { h.Count = 3 }), "count 3"),
+		malformed("DATA", withHdr(func(h *wire.Header) { h.Type = wire.MsgData }), "type 1 is not handled"),
+		malformed("RESULT", withHdr(func(h *wire.Header) { h.Type = wire.MsgResult }), "not handled"),
+		malformed("HEARTBEAT", withHdr(func(h *wire.Header) { h.Type = wire.MsgHeartbeat }), "not handled"),
+		malformed("unknown type", withHdr(func(h *wire.Header) { h.Type = 200 }), "type 200"),
 		malformed("join body reserved", func(t *testing.T) []byte {
 			body := joinBody(workerMAC, resultIP)
 			body.Reserved = 1
@@ -521,15 +520,15 @@ func TestHandleUnauthenticated(t *testing.T) {
 		unauth("flipped seq", flip(12, a)),
 		unauth("flipped agg index", flip(16, a)),
 		unauth("flipped worker id", flip(30, a)),
-		unauth("flipped MAC", flip(bpf.HdrSize, j)),
-		unauth("flipped result address", flip(bpf.HdrSize+8, j)),
-		unauth("flipped stamp", flip(bpf.HdrSize+12, j)),
+		unauth("flipped MAC", flip(wire.HdrSize, j)),
+		unauth("flipped result address", flip(wire.HdrSize+8, j)),
+		unauth("flipped stamp", flip(wire.HdrSize+12, j)),
 		unauth("flipped first tag byte", flip(-ctlauth.TagSize, j)),
 		unauth("flipped last tag byte", flip(-1, j)),
 		unauth("tag of the message without its stamp", func(t *testing.T) []byte {
 			// Someone who swaps in another stamp cannot keep the tag.
 			b := a(t)
-			binary.LittleEndian.PutUint64(b[bpf.HdrSize:], binary.LittleEndian.Uint64(b[bpf.HdrSize:])+1)
+			binary.LittleEndian.PutUint64(b[wire.HdrSize:], binary.LittleEndian.Uint64(b[wire.HdrSize:])+1)
 			return b
 		}),
 		{name: "JOIN for a job never admitted", b: func(t *testing.T) []byte {
@@ -550,7 +549,7 @@ func TestHandleReplayed(t *testing.T) {
 	// first sends an ACK of worker 1 from its binding (accepted) and remembers it.
 	first := func(t *testing.T) {
 		orig = ack(t, key, 5, 1)
-		origStamp = binary.LittleEndian.Uint64(orig[bpf.HdrSize:])
+		origStamp = binary.LittleEndian.Uint64(orig[wire.HdrSize:])
 		accept(t, c, orig, testPort, w.addr)
 	}
 	var joinOrig []byte

@@ -1,10 +1,11 @@
 // Package hostlib is the host side of xdpagg: the Worker that all-reduces float32 tensors through
 // the XDP switch, the parameter server (PS) that sums whatever the switch cannot (or, Direct,
-// everything, with no switch), the wire and fixed-point codecs both share with the switch, and
+// everything, with no switch), the fixed-point codec both share with the switch, and
 // Ring, a switchless ring all-reduce over the same wire header.
 //
-// The wire format is defined once, in bpf/xdpagg.h; this package uses the Go types bpf2go
-// generates from it (bpf.XdpaggHdr and the enums) and never redefines a field.
+// The wire format is defined once, in bpf/xdpagg.h; this package reads and writes it through
+// package wire (wire.Header, whose layout is pinned to bpf2go's bpf.XdpaggHdr, the codec and
+// wire.ParsePacket) and never redefines a field.
 //
 // Trust: a Worker takes results only from its PS's address and port (which the switch's results
 // carry) and, after Join, from the switch agent; its control messages (JOIN, LEAVE, ACK,
@@ -18,7 +19,12 @@
 // wrapping one of the sentinel errors below, or as a counter in Stats.
 package hostlib
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/xdpagg/xdpagg/wire"
+)
 
 // Sentinel errors. Functions wrap them with details; test with errors.Is.
 var (
@@ -29,8 +35,12 @@ var (
 	ErrTimeout = errors.New("timed out")
 	// ErrClosed: the Worker, PS or Ring was closed.
 	ErrClosed = errors.New("closed")
-	// ErrMalformed: a packet does not follow the wire contract of bpf/xdpagg.h.
-	ErrMalformed = errors.New("malformed xdpagg packet")
+	// ErrMalformed: a packet does not follow the wire contract of bpf/xdpagg.h. It is
+	// wire.ErrMalformed, which every wire.ParsePacket error wraps.
+	ErrMalformed = wire.ErrMalformed
 	// ErrBusy: an operation that must not overlap with itself (AllReduce, Serve) already runs.
 	ErrBusy = errors.New("busy")
 )
+
+// errTruncated reports a datagram larger than any xdpagg packet; made once, like wire's errors.
+var errTruncated = fmt.Errorf("%w: datagram larger than %d bytes", ErrMalformed, wire.MaxPacket)

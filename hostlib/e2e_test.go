@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
-const K = bpf.StdValues // the workers' default ValuesPerPacket
+const K = wire.StdValues // the workers' default ValuesPerPacket
 
 var loopback = netip.MustParseAddr("127.0.0.1")
 
@@ -69,8 +69,8 @@ func (s *fakeSwitch) run() {
 		if err != nil {
 			return
 		}
-		h, _, err := ParsePacket(buf[:n])
-		if err != nil || h.Type != msgResult {
+		h, _, err := wire.ParsePacket(buf[:n])
+		if err != nil || h.Type != wire.MsgResult {
 			continue
 		}
 		s.mu.Lock()

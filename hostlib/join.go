@@ -12,9 +12,8 @@ import (
 
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/wire"
 )
-
-const msgAck = uint8(bpf.XdpaggMsgTypeMSG_ACK)
 
 // Join registers this worker with the switch's agent (iSwitch's Join): the switch learns where
 // the job's results must reach this worker — the packet's source address and arrival port, and
@@ -28,12 +27,12 @@ const msgAck = uint8(bpf.XdpaggMsgTypeMSG_ACK)
 // valid JobKey it fails at once with ErrConfig. After a Join the worker also accepts results
 // from sw (the agent's retransmit cache) besides the PS.
 func (w *Worker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
-	return w.control(ctx, uint8(bpf.XdpaggMsgTypeMSG_JOIN), sw, mac)
+	return w.control(ctx, wire.MsgJoin, sw, mac)
 }
 
 // Leave removes this worker from the switch's members of its job, authenticated like Join.
 func (w *Worker) Leave(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
-	return w.control(ctx, uint8(bpf.XdpaggMsgTypeMSG_LEAVE), sw, mac)
+	return w.control(ctx, wire.MsgLeave, sw, mac)
 }
 
 func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac net.HardwareAddr) error {
@@ -49,12 +48,12 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 		return fmt.Errorf("%w: switch %v: use the switch's IPv4 address on this worker's subnet and the xdpagg port", ErrConfig, sw)
 	}
 	nonce := uint32(time.Now().UnixNano())
-	h := bpf.XdpaggHdr{Version: bpf.Version, Type: typ, JobId: w.cfg.JobID, Seq: nonce,
+	h := wire.Header{Version: wire.Version, Type: typ, JobId: w.cfg.JobID, Seq: nonce,
 		FanIn0: w.cfg.NumWorkers, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID}
 	var body bpf.XdpaggJoinBody // result_ip 0: the switch uses the job's admitted PS
 	copy(body.Mac[:], mac)
-	msg := make([]byte, bpf.HdrSize, bpf.HdrSize+12+ctlauth.TrailerSize)
-	EncodeHeader(msg, &h)
+	msg := make([]byte, wire.HdrSize, wire.HdrSize+12+ctlauth.TrailerSize)
+	wire.EncodeHeader(msg, &h)
 	msg, err := binary.Append(msg, binary.LittleEndian, &body)
 	if err != nil {
 		return fmt.Errorf("encode control body: %w", err)
@@ -99,7 +98,7 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 				if got {
 					// From now on, results this worker misses are asked of the switch agent's
 					// retransmit cache first, and its answers accepted; LEAVE turns that off.
-					w.ctrl, w.ctrlSet = sw, typ == uint8(bpf.XdpaggMsgTypeMSG_JOIN)
+					w.ctrl, w.ctrlSet = sw, typ == wire.MsgJoin
 					w.ctrlRaw = swRaw
 				}
 				w.mu.Unlock()
@@ -113,11 +112,11 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 	}
 }
 
-// sealCtl appends the authentication trailer to the control message buf[:bpf.HdrSize] in place
+// sealCtl appends the authentication trailer to the control message buf[:wire.HdrSize] in place
 // (buf has room for it) and returns the sealed message, or nil if the worker has no valid key.
 // Called with mu held, so stamps follow the order messages are queued in.
 func (w *Worker) sealCtl(buf []byte) []byte {
-	out, err := ctlauth.Seal(w.cfg.JobKey, buf[:bpf.HdrSize], w.stamper.Next())
+	out, err := ctlauth.Seal(w.cfg.JobKey, buf[:wire.HdrSize], w.stamper.Next())
 	if err != nil {
 		return nil // unreachable: ctrlSet needs a successful Join, which needs a valid key
 	}
@@ -133,7 +132,7 @@ func sameSource(from, a *unix.RawSockaddrInet4) bool {
 // Join/Leave, or a retransmit-cache miss. It is accepted only from the switch address the worker
 // sent its control messages to, authenticated under JobKey, with a stamp newer than the last one
 // accepted from that address, for this job and worker id. Called with mu held.
-func (w *Worker) handleAck(b []byte, h *bpf.XdpaggHdr, from *unix.RawSockaddrInet4) {
+func (w *Worker) handleAck(b []byte, h *wire.Header, from *unix.RawSockaddrInet4) {
 	var agent unix.RawSockaddrInet4
 	switch {
 	case w.ackPending && sameSource(from, &w.ackFrom):
@@ -153,7 +152,7 @@ func (w *Worker) handleAck(b []byte, h *bpf.XdpaggHdr, from *unix.RawSockaddrIne
 		w.st.unauth.Add(1)
 		return
 	}
-	if len(msg) != bpf.HdrSize || h.Count != 0 || h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID {
+	if len(msg) != wire.HdrSize || h.Count != 0 || h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID {
 		w.st.malformed.Add(1) // authentic, but not an answer to this worker
 		return
 	}

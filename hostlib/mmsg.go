@@ -1,6 +1,8 @@
 package hostlib
 
 import (
+	"github.com/xdpagg/xdpagg/wire"
+
 	"context"
 	"errors"
 	"fmt"
@@ -207,7 +209,7 @@ func (c *batchConn) recv() (int, error) {
 // larger than any xdpagg packet.
 func (c *batchConn) rpkt(i int) ([]byte, error) {
 	m := &c.rmsgs[i]
-	if m.Hdr.Flags&unix.MSG_TRUNC != 0 || int(m.Len) > MaxPacket {
+	if m.Hdr.Flags&unix.MSG_TRUNC != 0 || int(m.Len) > wire.MaxPacket {
 		return nil, errTruncated
 	}
 	return c.rbuf[i*rslot : i*rslot+int(m.Len)], nil

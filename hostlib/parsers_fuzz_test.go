@@ -1,7 +1,7 @@
 package hostlib
 
-// Fuzz targets for every hostlib path that takes bytes off the network (ParsePacket itself has
-// FuzzParsePacket in wire_test.go):
+// Fuzz targets for every hostlib path that takes bytes off the network (wire.ParsePacket itself has
+// FuzzParsePacket in wire/wire_test.go):
 //
 //	FuzzRingHandle    Ring.handle: a ring rank's DATA and selective ACKs (and the stash of the
 //	                  next call's packets, replayed when it starts)
@@ -31,8 +31,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // fzMaxDatagrams bounds a sequence: inputs stay cheap to run and to minimize.
@@ -69,11 +69,11 @@ func fzI32s(vs ...int32) []uint32 {
 }
 
 // fzPacket encodes header h and then the raw 32-bit values.
-func fzPacket(h bpf.XdpaggHdr, vals ...uint32) []byte {
-	b := make([]byte, bpf.HdrSize+4*len(vals))
-	EncodeHeader(b, &h)
+func fzPacket(h wire.Header, vals ...uint32) []byte {
+	b := make([]byte, wire.HdrSize+4*len(vals))
+	wire.EncodeHeader(b, &h)
 	for i, v := range vals {
-		binary.LittleEndian.PutUint32(b[bpf.HdrSize+4*i:], v)
+		binary.LittleEndian.PutUint32(b[wire.HdrSize+4*i:], v)
 	}
 	return b
 }
@@ -206,14 +206,14 @@ func fzRingData(base uint32, off int, fill uint32) []byte {
 	for i := range vals {
 		vals[i] = math.Float32bits(float32(fill) + float32(i)/4)
 	}
-	return fzPacket(bpf.XdpaggHdr{Version: bpf.Version, Type: msgData, Encoding: encFloat32, Count: uint16(cnt),
+	return fzPacket(wire.Header{Version: wire.Version, Type: wire.MsgData, Encoding: wire.EncFloat32, Count: uint16(cnt),
 		JobId: fzRingID, Seq: base + uint32(off), AggIndex: uint32(s), Bitmap0: 1 << fzRingPred, Bitmap1: fzRingN,
 		FanIn0: fzRingW, WorkerId: fzRingPred}, vals...)
 }
 
 // fzRingAck acknowledges the 64 seqs from seq on, as the successor does.
 func fzRingAck(seq uint32, mask uint64) []byte {
-	return fzPacket(bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, Encoding: encFloat32, JobId: fzRingID, Seq: seq,
+	return fzPacket(wire.Header{Version: wire.Version, Type: wire.MsgAck, Encoding: wire.EncFloat32, JobId: fzRingID, Seq: seq,
 		Bitmap0: uint32(mask), Bitmap1: uint32(mask >> 32), FanIn0: fzRingW, WorkerId: fzRingSucc})
 }
 
@@ -283,9 +283,9 @@ func FuzzRingHandle(f *testing.F) {
 	f.Add(fzJoin(fzRingData(8, 0, 1), fzRingData(8, 1, 2), fzRingData(8, 1, 2), fzRingData(8, 6, 5), fzRingData(16, 0, 1)))
 	f.Add(fzJoin(fzRingData(0xfffffff0, 0, 1), fzRingAck(0xffffffc0, 1<<63|1), fzRingAck(8, 1), []byte("junk"), nil))
 	bad := fzRingData(0, 2, 9)
-	bad[offCount] = 3 // disagrees with the chunk
+	bad[wire.OffCount] = 3 // disagrees with the chunk
 	wrongStep := fzRingData(0, 3, 9)
-	wrongStep[offAggIndex] = 0
+	wrongStep[wire.OffAggIndex] = 0
 	f.Add(fzJoin(bad, wrongStep, fzRingData(0, 3, 9)[:40], append(fzRingData(0, 3, 9), 0, 0, 0, 0)))
 
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -314,8 +314,8 @@ func FuzzRingHandle(f *testing.F) {
 			fzGuardOK(t, data, backing)
 			fzRingCheck(t, r)
 
-			h, vals, err := ParsePacket(b)
-			if err != nil || h.JobId != fzRingID || h.Encoding != encFloat32 {
+			h, vals, err := wire.ParsePacket(b)
+			if err != nil || h.JobId != fzRingID || h.Encoding != wire.EncFloat32 {
 				if st.Malformed != was.Malformed+1 || st.DataReceived != was.DataReceived || st.AcksReceived != was.AcksReceived ||
 					st.Duplicates != was.Duplicates || st.Early != was.Early || st.EarlyDropped != was.EarlyDropped {
 					t.Fatalf("datagram %d (%v): stats %+v -> %+v, want Malformed+1 only", i, err, was, st)
@@ -325,7 +325,7 @@ func FuzzRingHandle(f *testing.F) {
 			off := int(int32(h.Seq - base))
 			s, p := off/fzRingPer, off%fzRingPer
 			lo, cn := fzRingChunk(((fzRingRank-1-s)%fzRingW + fzRingW) % fzRingW)
-			fits := err == nil && h.Type == msgData && h.JobId == fzRingID && h.Encoding == encFloat32 &&
+			fits := err == nil && h.Type == wire.MsgData && h.JobId == fzRingID && h.Encoding == wire.EncFloat32 &&
 				h.WorkerId == fzRingPred && h.FanIn0 == fzRingW && h.Bitmap0 == 1<<fzRingPred &&
 				off >= 0 && off < fzRingPer*2*(fzRingW-1) && p*fzRingK < cn && h.AggIndex == uint32(s) &&
 				h.Bitmap1 == fzRingN && int(h.Count) == min(fzRingK, cn-p*fzRingK)
@@ -431,21 +431,21 @@ func fzResult(frag int, flags uint16, enc uint8, fill int32) []byte {
 	n := max(min(fzWorkerK, fzWorkerN-frag*fzWorkerK), 1)
 	vals := make([]uint32, n)
 	for i := range vals {
-		if enc == encFloat32 {
+		if enc == wire.EncFloat32 {
 			vals[i] = math.Float32bits(float32(fill) + float32(i)/2)
 		} else {
 			vals[i] = uint32(fill<<fzWorkerScale + int32(i))
 		}
 	}
-	return fzPacket(bpf.XdpaggHdr{Version: bpf.Version, Type: msgResult, Encoding: enc, ScaleLog2: fzWorkerScale,
-		Flags: flags | fFromSwitch, Count: uint16(n), JobId: fzWorkerJob, Seq: uint32(frag),
+	return fzPacket(wire.Header{Version: wire.Version, Type: wire.MsgResult, Encoding: enc, ScaleLog2: fzWorkerScale,
+		Flags: flags | wire.FlagFromSwitch, Count: uint16(n), JobId: fzWorkerJob, Seq: uint32(frag),
 		AggIndex: AggIndex(fzWorkerJob, uint64(frag), fzWorkerWindow, fzWorkerPool), Bitmap0: 0b11, FanIn0: 2}, vals...)
 }
 
 // fzAck is the agent's MSG_ACK of seq to worker `worker` of the fuzzed job, sealed under key with
 // stamp (nil key: no trailer).
 func fzAck(key []byte, seq uint32, worker uint8, stamp uint64) []byte {
-	b := fzPacket(bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: fzWorkerJob, Seq: seq, WorkerId: worker})
+	b := fzPacket(wire.Header{Version: wire.Version, Type: wire.MsgAck, JobId: fzWorkerJob, Seq: seq, WorkerId: worker})
 	if key == nil {
 		return b
 	}
@@ -488,21 +488,21 @@ func fzSrcs(from ...int) uint32 {
 func FuzzWorkerResult(f *testing.F) {
 	var all [][]byte
 	for frag := range (fzWorkerN + fzWorkerK - 1) / fzWorkerK {
-		all = append(all, fzResult(frag, 0, encFixed32, int32(frag)))
+		all = append(all, fzResult(frag, 0, wire.EncFixed32, int32(frag)))
 	}
 	f.Add(false, uint32(0), fzJoin(all...))
 	// The same from elsewhere: foreign, all of them; and from the agent, once joined (its cache).
 	f.Add(false, fzSrcs(fzFromOtherPort, fzFromOtherIP, fzFromAgent, fzFromPS, fzFromOtherIP), fzJoin(all[:5]...))
-	f.Add(true, fzSrcs(fzFromAgent, fzFromOtherPort, fzFromAgent, fzFromPS), fzJoin(fzResult(0, fCached, encFixed32, 1),
-		fzResult(1, fCached, encFixed32, 2), fzResult(2, fCached, encFixed32, 3), fzResult(3, 0, encFixed32, 4)))
+	f.Add(true, fzSrcs(fzFromAgent, fzFromOtherPort, fzFromAgent, fzFromPS), fzJoin(fzResult(0, wire.FlagCached, wire.EncFixed32, 1),
+		fzResult(1, wire.FlagCached, wire.EncFixed32, 2), fzResult(2, wire.FlagCached, wire.EncFixed32, 3), fzResult(3, 0, wire.EncFixed32, 4)))
 	// Overflow: the repair, then its float result; shadow and PS results; a duplicate.
-	f.Add(false, uint32(0), fzJoin(fzResult(1, fOverflow, encFixed32, 1), fzResult(1, fOverflow, encFixed32, 1), fzResult(1, 0, encFloat32, 7),
-		fzResult(0, fShadow, encFixed32, 2), fzResult(0, 0, encFixed32, 2), fzResult(2, fCollision, encFixed32, -3)))
-	short := fzResult(7, 0, encFixed32, 1)
-	short[offCount] = 4 // the last fragment has 2 values
-	wrongSlot := fzResult(3, 0, encFixed32, 1)
-	wrongSlot[offAggIndex]++
-	f.Add(false, uint32(0), fzJoin(fzAck(nil, 2, 0, 0), short, wrongSlot, fzResult(9, 0, encFixed32, 1), fzResult(3, 0, encSparseKV, 1), []byte{1, 2, 3},
+	f.Add(false, uint32(0), fzJoin(fzResult(1, wire.FlagOverflow, wire.EncFixed32, 1), fzResult(1, wire.FlagOverflow, wire.EncFixed32, 1), fzResult(1, 0, wire.EncFloat32, 7),
+		fzResult(0, wire.FlagShadow, wire.EncFixed32, 2), fzResult(0, 0, wire.EncFixed32, 2), fzResult(2, wire.FlagCollision, wire.EncFixed32, -3)))
+	short := fzResult(7, 0, wire.EncFixed32, 1)
+	short[wire.OffCount] = 4 // the last fragment has 2 values
+	wrongSlot := fzResult(3, 0, wire.EncFixed32, 1)
+	wrongSlot[wire.OffAggIndex]++
+	f.Add(false, uint32(0), fzJoin(fzAck(nil, 2, 0, 0), short, wrongSlot, fzResult(9, 0, wire.EncFixed32, 1), fzResult(3, 0, wire.EncSparseKV, 1), []byte{1, 2, 3},
 		make([]byte, 3000), make([]byte, rslot+10)))
 	// Acknowledgements: the Join's, a cache miss, replays of both, a stale stamp, a wrong worker
 	// id, another key, a tampered one, no trailer, and a good one from the PS's address. Stamps
@@ -512,7 +512,7 @@ func FuzzWorkerResult(f *testing.F) {
 	otherKey[0] ^= 1
 	good, miss := fzAck(fzKey, fzNonce, 0, now), fzAck(fzKey, fzAskedFrag, 0, now+1)
 	tampered := fzAck(fzKey, fzNonce, 0, now+5)
-	tampered[offSeq] ^= 1
+	tampered[wire.OffSeq] ^= 1
 	f.Add(true, fzSrcs(fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent, fzFromAgent,
 		fzFromAgent, fzFromPS, fzFromOtherIP, fzFromAgent),
 		fzJoin(good, miss, good, miss, fzAck(fzKey, fzNonce, 0, now-uint64(time.Minute)), fzAck(fzKey, fzNonce, 1, now+2),
@@ -573,15 +573,15 @@ func FuzzWorkerResult(f *testing.F) {
 				vAck
 				vAckMalformed
 			)
-			h, vals, err := ParsePacket(b)
+			h, vals, err := wire.ParsePacket(b)
 			fromAgent := joined && src == fzFromAgent
 			verdict := vOther
 			var stamp uint64
 			switch {
 			case src != fzFromPS && !fromAgent:
 				verdict = vForeign
-			case len(b) > MaxPacket:
-			case err == nil && h.Type == msgAck:
+			case len(b) > wire.MaxPacket:
+			case err == nil && h.Type == wire.MsgAck:
 				msg, s, oerr := ctlauth.Open(fzKey, b)
 				skew := time.Until(time.Unix(0, int64(s)))
 				switch {
@@ -589,7 +589,7 @@ func FuzzWorkerResult(f *testing.F) {
 					verdict = vForeign
 				case oerr != nil:
 					verdict = vUnauth
-				case len(msg) != bpf.HdrSize || h.Count != 0 || h.JobId != fzWorkerJob || h.WorkerId != 0:
+				case len(msg) != wire.HdrSize || h.Count != 0 || h.JobId != fzWorkerJob || h.WorkerId != 0:
 					verdict = vAckMalformed
 				case (lastStamp != 0 && s <= lastStamp) || skew > ctlauth.MaxSkew || skew < -ctlauth.MaxSkew:
 					verdict = vReplayed
@@ -615,7 +615,7 @@ func FuzzWorkerResult(f *testing.F) {
 			if verdict == vOther && slices.Max(moved[4:]) != 0 {
 				t.Fatalf("datagram %d (%+v, %v) from %d: counted as an acknowledgement or foreign (%v)", i, h, err, src, moved)
 			}
-			if verdict == vOther && (err != nil || h.Type != msgResult || h.JobId != fzWorkerJob) && moved[3] != 1 {
+			if verdict == vOther && (err != nil || h.Type != wire.MsgResult || h.JobId != fzWorkerJob) && moved[3] != 1 {
 				t.Fatalf("datagram %d (%+v, %v) is not a result of the job but was not counted malformed", i, h, err)
 			}
 			misses := st.CacheMisses - was.CacheMisses
@@ -641,10 +641,10 @@ func FuzzWorkerResult(f *testing.F) {
 			} else {
 				frag := int(int32(h.Seq - uint32(base)))
 				lo := frag * fzWorkerK
-				if frag < 0 || frag >= nfrags || done[frag] || h.Type != msgResult || h.JobId != fzWorkerJob ||
+				if frag < 0 || frag >= nfrags || done[frag] || h.Type != wire.MsgResult || h.JobId != fzWorkerJob ||
 					int(h.Count) != min(fzWorkerK, fzWorkerN-lo) ||
 					h.AggIndex != AggIndex(fzWorkerJob, base+uint64(frag), fzWorkerWindow, fzWorkerPool) ||
-					(h.Encoding == encFixed32 && h.Flags&fOverflow != 0) {
+					(h.Encoding == wire.EncFixed32 && h.Flags&wire.FlagOverflow != 0) {
 					t.Fatalf("datagram %d (%+v) was taken as the result of fragment %d (already done: %v)", i, h, frag, done[frag])
 				}
 				done[frag] = true
@@ -652,9 +652,9 @@ func FuzzWorkerResult(f *testing.F) {
 				for j := range int(h.Count) {
 					v := binary.LittleEndian.Uint32(vals[4*j:])
 					switch h.Encoding {
-					case encFixed32:
+					case wire.EncFixed32:
 						want[lo+j] = Dequantize(int32(v), h.ScaleLog2)
-					case encFloat32:
+					case wire.EncFloat32:
 						want[lo+j] = math.Float32frombits(v)
 					default:
 						t.Fatalf("datagram %d: a result of encoding %d was taken", i, h.Encoding)
@@ -703,9 +703,9 @@ type fzPSEntry struct {
 
 // fzPSData is a DATA packet for the PS.
 func fzPSData(job, seq uint32, enc uint8, worker, fan uint8, flags uint16, vals ...uint32) []byte {
-	h := bpf.XdpaggHdr{Version: bpf.Version, Type: msgData, Encoding: enc, ScaleLog2: 24, Flags: flags,
+	h := wire.Header{Version: wire.Version, Type: wire.MsgData, Encoding: enc, ScaleLog2: 24, Flags: flags,
 		Count: uint16(len(vals)), JobId: job, Seq: seq, AggIndex: 5, Bitmap0: 1 << worker, FanIn0: fan, WorkerId: worker}
-	if flags&fLevel1 != 0 {
+	if flags&wire.FlagLevel1 != 0 {
 		h.Bitmap0, h.FanIn0, h.Bitmap1, h.FanIn1 = 0, 0, 1<<worker, fan
 	}
 	return fzPacket(h, vals...)
@@ -742,49 +742,49 @@ func FuzzPSHandle(f *testing.F) {
 	for _, open := range []bool{false, true} {
 		for _, direct := range []bool{false, true} {
 			f.Add(open, direct, uint8(3), uint32(0), fzJoin(
-				fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1, -2, 3)...),
-				fzPSData(5, 1, encFixed32, 0, 2, fResend, fzI32s(1, -2, 3)...),
-				fzPSData(5, 1, encFixed32, 1, 2, fECN, fzI32s(10, 20, 30)...),
-				fzPSData(5, 1, encFixed32, 1, 2, fResend, fzI32s(10, 20, 30)...),
-				fzPSData(5, 2, encFixed32, 0, 1, fCollision, fzI32s(math.MaxInt32)...),
-				fzPSData(5, 3, encFixed32, 0, 2, 0, fzI32s(math.MaxInt32, math.MinInt32)...),
-				fzPSData(5, 3, encFixed32, 1, 2, 0, fzI32s(1, -1)...),
+				fzPSData(5, 1, wire.EncFixed32, 0, 2, 0, fzI32s(1, -2, 3)...),
+				fzPSData(5, 1, wire.EncFixed32, 0, 2, wire.FlagResend, fzI32s(1, -2, 3)...),
+				fzPSData(5, 1, wire.EncFixed32, 1, 2, wire.FlagECN, fzI32s(10, 20, 30)...),
+				fzPSData(5, 1, wire.EncFixed32, 1, 2, wire.FlagResend, fzI32s(10, 20, 30)...),
+				fzPSData(5, 2, wire.EncFixed32, 0, 1, wire.FlagCollision, fzI32s(math.MaxInt32)...),
+				fzPSData(5, 3, wire.EncFixed32, 0, 2, 0, fzI32s(math.MaxInt32, math.MinInt32)...),
+				fzPSData(5, 3, wire.EncFixed32, 1, 2, 0, fzI32s(1, -1)...),
 			))
 			f.Add(open, direct, uint8(2), uint32(0), fzJoin(
-				fzPSData(6, 1, encFloat32, 0, 3, fOverflow, f32(1e30, 1, -0.0)...),
-				fzPSData(6, 1, encFloat32, 2, 3, fOverflow, f32(-1e30, 0x1p-149, -0.0)...),
-				fzPSData(6, 1, encFloat32, 1, 3, fOverflow, f32(3, float32(math.Inf(1)), -0.0)...),
-				fzPSData(6, 1, encFixed32, 1, 3, fLevel1, fzI32s(1, 2, 3)...),
-				fzPSData(6, 2, encFixed32, 1, 3, fLevel1, fzI32s(1, 2, 3)...),
-				fzPSData(6, 3, encFixed32, 1, 3, 0, fzI32s(1, 2, 3)...),
-				fzPSData(6, 4, encFixed32, 0, 1, 0, fzI32s(4)...),
-				fzPSData(6, 5, encFixed32, 0, 1, 0, fzI32s(5)...),
+				fzPSData(6, 1, wire.EncFloat32, 0, 3, wire.FlagOverflow, f32(1e30, 1, -0.0)...),
+				fzPSData(6, 1, wire.EncFloat32, 2, 3, wire.FlagOverflow, f32(-1e30, 0x1p-149, -0.0)...),
+				fzPSData(6, 1, wire.EncFloat32, 1, 3, wire.FlagOverflow, f32(3, float32(math.Inf(1)), -0.0)...),
+				fzPSData(6, 1, wire.EncFixed32, 1, 3, wire.FlagLevel1, fzI32s(1, 2, 3)...),
+				fzPSData(6, 2, wire.EncFixed32, 1, 3, wire.FlagLevel1, fzI32s(1, 2, 3)...),
+				fzPSData(6, 3, wire.EncFixed32, 1, 3, 0, fzI32s(1, 2, 3)...),
+				fzPSData(6, 4, wire.EncFixed32, 0, 1, 0, fzI32s(4)...),
+				fzPSData(6, 5, wire.EncFixed32, 0, 1, 0, fzI32s(5)...),
 			))
 		}
 	}
-	res := fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1)...)
-	res[offType] = msgResult
-	count := fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1, 2)...)
-	scale := fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...)
-	scale[offScale] = 20
-	unknownEnc := fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...)
-	unknownEnc[offEncoding] = encSparseKV + 1
-	f.Add(false, false, uint8(1), uint32(0), fzJoin(fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1)...), res, count, scale,
-		fzPSData(5, 1, encSparseKV, 1, 2, 0, fzI32s(1)...), unknownEnc, []byte("hello"), make([]byte, rslot+1), make([]byte, 3000)))
+	res := fzPSData(5, 1, wire.EncFixed32, 0, 2, 0, fzI32s(1)...)
+	res[wire.OffType] = wire.MsgResult
+	count := fzPSData(5, 1, wire.EncFixed32, 1, 2, 0, fzI32s(1, 2)...)
+	scale := fzPSData(5, 1, wire.EncFixed32, 1, 2, 0, fzI32s(1)...)
+	scale[wire.OffScale] = 20
+	unknownEnc := fzPSData(5, 1, wire.EncFixed32, 1, 2, 0, fzI32s(1)...)
+	unknownEnc[wire.OffEncoding] = wire.EncSparseKV + 1
+	f.Add(false, false, uint8(1), uint32(0), fzJoin(fzPSData(5, 1, wire.EncFixed32, 0, 2, 0, fzI32s(1)...), res, count, scale,
+		fzPSData(5, 1, wire.EncSparseKV, 1, 2, 0, fzI32s(1)...), unknownEnc, []byte("hello"), make([]byte, rslot+1), make([]byte, 3000)))
 	// Outsiders: an unknown job, a worker id beyond the job, members' packets from the wrong
 	// address or port, another member's id; the any-port member from any port.
 	f.Add(false, false, uint8(0), fzSrcs(fzFromMember, fzFromMember, fzFromB, fzFromStranger, fzFromA, fzFromA, fzFromB, fzFromMember),
-		fzJoin(fzPSData(7, 1, encFixed32, 0, 2, 0, fzI32s(1)...), fzPSData(5, 1, encFixed32, 2, 3, 0, fzI32s(1)...),
-			fzPSData(5, 1, encFixed32, 0, 2, 0, fzI32s(1)...), fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...),
-			fzPSData(6, 1, encFixed32, 1, 3, 0, fzI32s(1)...), fzPSData(6, 1, encFixed32, 2, 3, 0, fzI32s(1)...),
-			fzPSData(5, 1, encSparseKV, 1, 2, 0, fzI32s(1)...), fzPSData(5, 1, encFixed32, 1, 2, 0, fzI32s(1)...)))
+		fzJoin(fzPSData(7, 1, wire.EncFixed32, 0, 2, 0, fzI32s(1)...), fzPSData(5, 1, wire.EncFixed32, 2, 3, 0, fzI32s(1)...),
+			fzPSData(5, 1, wire.EncFixed32, 0, 2, 0, fzI32s(1)...), fzPSData(5, 1, wire.EncFixed32, 1, 2, 0, fzI32s(1)...),
+			fzPSData(6, 1, wire.EncFixed32, 1, 3, 0, fzI32s(1)...), fzPSData(6, 1, wire.EncFixed32, 2, 3, 0, fzI32s(1)...),
+			fzPSData(5, 1, wire.EncSparseKV, 1, 2, 0, fzI32s(1)...), fzPSData(5, 1, wire.EncFixed32, 1, 2, 0, fzI32s(1)...)))
 	// Job 5 floods new seqs (resends, never complete) past its share; job 6 keeps its sums.
 	var flood [][]byte
-	flood = append(flood, fzPSData(6, 9, encFixed32, 0, 3, 0, fzI32s(6)...))
+	flood = append(flood, fzPSData(6, 9, wire.EncFixed32, 0, 3, 0, fzI32s(6)...))
 	for seq := range uint32(10) {
-		flood = append(flood, fzPSData(5, 100+seq, encFixed32, 0, 2, fResend, fzI32s(1)...))
+		flood = append(flood, fzPSData(5, 100+seq, wire.EncFixed32, 0, 2, wire.FlagResend, fzI32s(1)...))
 	}
-	flood = append(flood, fzPSData(6, 9, encFixed32, 1, 3, 0, fzI32s(6)...), fzPSData(6, 9, encFixed32, 2, 3, 0, fzI32s(6)...))
+	flood = append(flood, fzPSData(6, 9, wire.EncFixed32, 1, 3, 0, fzI32s(6)...), fzPSData(6, 9, wire.EncFixed32, 2, 3, 0, fzI32s(6)...))
 	f.Add(false, false, uint8(1), uint32(0), fzJoin(flood...))
 
 	f.Fuzz(func(t *testing.T, open, direct bool, maxEntries uint8, srcs uint32, in []byte) {
@@ -816,7 +816,7 @@ func FuzzPSHandle(f *testing.F) {
 		for i, b := range fzSplit(in) {
 			now += int64(time.Millisecond)
 			slot := i % recvBatch
-			h, vals, err := ParsePacket(b)
+			h, vals, err := wire.ParsePacket(b)
 			src := from[fzSource(srcs, i)]
 			if fzSource(srcs, i) == fzFromMember {
 				src = from[fzFromStranger]
@@ -849,8 +849,8 @@ func FuzzPSHandle(f *testing.F) {
 			verdict, evict := vMalformed, false
 			var e *fzPSEntry
 			key := psKey{job: h.JobId, seq: h.Seq, enc: h.Encoding}
-			bm, fan := levelBits(&h)
-			level1 := h.Flags&fLevel1 != 0
+			bm, fan := h.LevelBits()
+			level1 := h.Flags&wire.FlagLevel1 != 0
 			ms, admitted := members[h.JobId]
 			memberOK := func() bool {
 				if int(h.WorkerId) >= len(ms) {
@@ -860,12 +860,12 @@ func FuzzPSHandle(f *testing.F) {
 				return m.Addr() == src.Addr() && (m.Port() == 0 || m.Port() == src.Port())
 			}
 			switch {
-			case len(b) > MaxPacket || (err != nil && err != errEncoding) || h.Type != msgData:
+			case len(b) > wire.MaxPacket || (err != nil && err != wire.ErrEncoding) || h.Type != wire.MsgData:
 			case !open && !admitted:
 				verdict = vUnknownJob
 			case !open && !memberOK():
 				verdict = vNotMember
-			case err == errEncoding || (h.Encoding != encFixed32 && h.Encoding != encFloat32):
+			case err == wire.ErrEncoding || (h.Encoding != wire.EncFixed32 && h.Encoding != wire.EncFloat32):
 				verdict = vUnsupported
 			case !open && !level1 && int(fan) != len(ms):
 			default:
@@ -896,7 +896,7 @@ func FuzzPSHandle(f *testing.F) {
 					}
 					e = &fzPSEntry{count: int(h.Count), fan: int(fan), level1: level1, scale: h.ScaleLog2,
 						firstWorker: h.WorkerId, firstBitmaps: [2]uint32{h.Bitmap0, h.Bitmap1}}
-					if h.Encoding == encFixed32 {
+					if h.Encoding == wire.EncFixed32 {
 						e.fix = make([]int64, h.Count)
 					} else {
 						e.flt = make([][]float32, h.Count)
@@ -904,7 +904,7 @@ func FuzzPSHandle(f *testing.F) {
 					model[key] = e
 					verdict = vAggregated
 				case e.count != int(h.Count) || e.fan != int(fan) || e.level1 != level1 ||
-					(h.Encoding == encFixed32 && e.scale != h.ScaleLog2):
+					(h.Encoding == wire.EncFixed32 && e.scale != h.ScaleLog2):
 				case e.bitmap&bm != 0:
 					verdict = vDuplicate
 				default:
@@ -922,7 +922,7 @@ func FuzzPSHandle(f *testing.F) {
 					}
 				}
 				e.bitmap |= bm
-				e.flags |= h.Flags & (fECN | fOverflow | fCollision)
+				e.flags |= h.Flags & (wire.FlagECN | wire.FlagOverflow | wire.FlagCollision)
 				completes = bits.OnesCount32(e.bitmap) == e.fan
 				e.complete = completes
 			}
@@ -942,7 +942,7 @@ func FuzzPSHandle(f *testing.F) {
 				want.Aggregated++
 				if completes {
 					want.Completed++
-					ovf := e.flags&fOverflow != 0
+					ovf := e.flags&wire.FlagOverflow != 0
 					for _, v := range e.fix {
 						ovf = ovf || v > math.MaxInt32 || v < math.MinInt32
 					}
@@ -1036,23 +1036,23 @@ func fzPSCompare(t *testing.T, i int, k psKey, pe *psEntry, me *fzPSEntry) {
 		}
 		return
 	}
-	h, vals, err := ParsePacket(pe.pkt[:pe.plen])
-	if err != nil || h.Type != msgResult || h.JobId != k.job || h.Seq != k.seq || h.Encoding != k.enc || int(h.Count) != me.count {
+	h, vals, err := wire.ParsePacket(pe.pkt[:pe.plen])
+	if err != nil || h.Type != wire.MsgResult || h.JobId != k.job || h.Seq != k.seq || h.Encoding != k.enc || int(h.Count) != me.count {
 		t.Fatalf("datagram %d: result of %+v is %+v (%v)", i, k, h, err)
 	}
-	if bm, _ := levelBits(&h); bm != me.bitmap {
+	if bm, _ := h.LevelBits(); bm != me.bitmap {
 		t.Fatalf("datagram %d: result of %+v carries bitmap %#x, want %#x", i, k, bm, me.bitmap)
 	}
-	flags := me.flags & (fECN | fCollision)
+	flags := me.flags & (wire.FlagECN | wire.FlagCollision)
 	if me.level1 {
-		flags |= fLevel1
+		flags |= wire.FlagLevel1
 	}
 	for j := range me.count {
 		got := binary.LittleEndian.Uint32(vals[4*j:])
 		if me.fix != nil {
 			v := me.fix[j]
 			if v > math.MaxInt32 || v < math.MinInt32 {
-				flags |= fOverflow
+				flags |= wire.FlagOverflow
 				v = max(min(v, math.MaxInt32), math.MinInt32)
 			}
 			if int32(got) != int32(v) {
@@ -1065,8 +1065,8 @@ func fzPSCompare(t *testing.T, i int, k psKey, pe *psEntry, me *fzPSEntry) {
 				i, k, j, math.Float32frombits(got), want, me.flt[j])
 		}
 	}
-	if me.fix != nil && me.flags&fOverflow != 0 {
-		flags |= fOverflow
+	if me.fix != nil && me.flags&wire.FlagOverflow != 0 {
+		flags |= wire.FlagOverflow
 	}
 	if h.Flags != flags {
 		t.Fatalf("datagram %d: result of %+v flags %#x, want %#x", i, k, h.Flags, flags)

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // PS defaults and limits.
@@ -46,7 +46,7 @@ const (
 // retransmit. No job ever evicts another's entries, so a tenant that floods the PS (F_RESEND
 // DATA for ever new seqs, say) fills its own share and nothing else.
 type PSConfig struct {
-	Listen netip.AddrPort // PS address; its port is the agg port (port 0: bpf.DefaultPort)
+	Listen netip.AddrPort // PS address; its port is the agg port (port 0: wire.DefaultPort)
 	// Switch is where results go: the switch's IP on the PS's subnet and the agg port (port 0:
 	// Listen's port). The switch broadcasts them to the job's workers. Unused with Direct.
 	Switch netip.AddrPort
@@ -105,7 +105,7 @@ type PSJob struct {
 func (c PSConfig) WithDefaults() PSConfig {
 	port := c.Listen.Port()
 	if port == 0 {
-		port = bpf.DefaultPort
+		port = wire.DefaultPort
 	}
 	c.Listen = netip.AddrPortFrom(c.Listen.Addr().Unmap(), port)
 	sport := c.Switch.Port()
@@ -173,8 +173,8 @@ func (c PSConfig) Validate() error {
 			return fmt.Errorf("%w: Jobs[%d].ID is 0: job ids are nonzero", ErrConfig, j)
 		case ids[pj.ID]:
 			return fmt.Errorf("%w: Jobs[%d].ID %d given twice", ErrConfig, j, pj.ID)
-		case len(pj.Workers) == 0 || len(pj.Workers) > bpf.MaxWorkers:
-			return fmt.Errorf("%w: Jobs[%d] (job %d) has %d Workers: use 1..%d, one address per worker id", ErrConfig, j, pj.ID, len(pj.Workers), bpf.MaxWorkers)
+		case len(pj.Workers) == 0 || len(pj.Workers) > wire.MaxWorkers:
+			return fmt.Errorf("%w: Jobs[%d] (job %d) has %d Workers: use 1..%d, one address per worker id", ErrConfig, j, pj.ID, len(pj.Workers), wire.MaxWorkers)
 		}
 		ids[pj.ID] = true
 		for i, a := range pj.Workers {
@@ -261,7 +261,7 @@ type psSock struct {
 	nout int
 	// out holds the packets queued in the current send batch: completed results and re-sent
 	// ones (F_SHADOW), at most one per datagram received.
-	out [recvBatch][MaxPacket]byte
+	out [recvBatch][wire.MaxPacket]byte
 }
 
 // psAccount is the entry budget of one admitted job (or, with Open, of everyone).
@@ -315,7 +315,7 @@ type psDoneQueue struct {
 type psJob struct {
 	known uint32 // bits whose address is known
 	used  int64  // ns since epoch of the last contribution
-	addrs [bpf.MaxWorkers]unix.RawSockaddrInet4
+	addrs [wire.MaxWorkers]unix.RawSockaddrInet4
 }
 
 // Aggregations are keyed by (job, seq, encoding): a fragment's fixed-point sum and its float32
@@ -327,8 +327,8 @@ type psKey struct {
 
 type psEntry struct {
 	key      psKey
-	acct     *psAccount    // whose share it counts in
-	tmpl     bpf.XdpaggHdr // first contribution's header: the result's header template
+	acct     *psAccount  // whose share it counts in
+	tmpl     wire.Header // first contribution's header: the result's header template
 	bitmap   uint32
 	fanIn    uint8
 	level1   bool
@@ -339,14 +339,14 @@ type psEntry struct {
 	fix      *fixedAcc
 	flt      *floatAcc
 	plen     int
-	pkt      [MaxPacket]byte // the result, once complete
+	pkt      [wire.MaxPacket]byte // the result, once complete
 }
 
-type fixedAcc [bpf.MaxValues]int64
+type fixedAcc [wire.MaxValues]int64
 
 type floatAcc struct {
-	sum [bpf.MaxValues]exactSum
-	sp  [bpf.MaxValues]uint8
+	sum [wire.MaxValues]exactSum
+	sp  [wire.MaxValues]uint8
 }
 
 // NewPS validates cfg and binds the PS's sockets now, in the calling thread's network namespace.
@@ -359,7 +359,7 @@ func NewPS(cfg PSConfig) (*PS, error) {
 	// A result goes to one address, or in Direct mode to each of up to 32 contributors.
 	sbatch := recvBatch
 	if cfg.Direct {
-		sbatch = recvBatch * bpf.MaxWorkers
+		sbatch = recvBatch * wire.MaxWorkers
 	}
 	p := &PS{cfg: cfg, epoch: time.Now(), remaps: map[uint32]*jobRemaps{}}
 	if !cfg.Direct {
@@ -586,16 +586,16 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 		st.malformed.Add(1)
 		return
 	}
-	h, vals, err := ParsePacket(b)
-	// An unknown encoding is the one parse error that still leaves a DATA packet whose sender can
-	// be checked (ParsePacket checked the lengths before it).
-	unsupported := err == errEncoding || (err == nil && h.Encoding != encFixed32 && h.Encoding != encFloat32)
-	if (err != nil && err != errEncoding) || h.Type != msgData {
+	h, vals, err := wire.ParsePacket(b)
+	// An unknown or reserved encoding (wire.ErrEncoding) is the one parse error that still leaves
+	// a DATA packet whose sender can be checked (wire.ParsePacket checked the lengths before it).
+	unsupported := err == wire.ErrEncoding
+	if (err != nil && err != wire.ErrEncoding) || h.Type != wire.MsgData {
 		st.malformed.Add(1)
 		return
 	}
-	bm, fan := levelBits(&h)
-	level1 := h.Flags&fLevel1 != 0
+	bm, fan := h.LevelBits()
+	level1 := h.Flags&wire.FlagLevel1 != 0
 	acct := p.open
 	if p.jobs != nil {
 		job := p.jobs[h.JobId]
@@ -636,7 +636,7 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 		}
 		e = p.newEntry(t, key, acct, &h, now)
 	} else if e.tmpl.Count != h.Count || e.fanIn != fan || e.level1 != level1 ||
-		(h.Encoding == encFixed32 && e.tmpl.ScaleLog2 != h.ScaleLog2) {
+		(h.Encoding == wire.EncFixed32 && e.tmpl.ScaleLog2 != h.ScaleLog2) {
 		st.malformed.Add(1) // cannot be summed with what is there
 		return
 	}
@@ -673,7 +673,7 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 		}
 	}
 	e.bitmap |= bm
-	e.flags |= h.Flags & (fECN | fOverflow | fCollision)
+	e.flags |= h.Flags & (wire.FlagECN | wire.FlagOverflow | wire.FlagCollision)
 	e.touched = now
 	st.aggregated.Add(1)
 	if bits.OnesCount32(e.bitmap) == int(fan) {
@@ -683,7 +683,7 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 
 // rehash picks a new slot for the offset of a collided fragment (header h: its job, seq and, in
 // bitmap1, its workers' window).
-func (p *PS) rehash(h *bpf.XdpaggHdr) (uint32, bool) {
+func (p *PS) rehash(h *wire.Header) (uint32, bool) {
 	pool, win := p.cfg.PoolSize, h.Bitmap1
 	if pool == 0 || p.cfg.Direct || win == 0 || 2*win >= pool {
 		return 0, false
@@ -737,7 +737,7 @@ func (p *PS) makeRoom(t *psTable, a *psAccount) bool {
 	return false
 }
 
-func (p *PS) newEntry(t *psTable, key psKey, a *psAccount, h *bpf.XdpaggHdr, now int64) *psEntry {
+func (p *PS) newEntry(t *psTable, key psKey, a *psAccount, h *wire.Header, now int64) *psEntry {
 	var e *psEntry
 	if k := len(t.freeE); k > 0 {
 		e = t.freeE[k-1]
@@ -745,8 +745,8 @@ func (p *PS) newEntry(t *psTable, key psKey, a *psAccount, h *bpf.XdpaggHdr, now
 	} else {
 		e = new(psEntry)
 	}
-	_, fan := levelBits(h)
-	e.key, e.acct, e.tmpl, e.bitmap, e.fanIn, e.level1 = key, a, *h, 0, fan, h.Flags&fLevel1 != 0
+	_, fan := h.LevelBits()
+	e.key, e.acct, e.tmpl, e.bitmap, e.fanIn, e.level1 = key, a, *h, 0, fan, h.Flags&wire.FlagLevel1 != 0
 	e.flags, e.complete, e.touched, e.plen, e.job = 0, false, now, 0, nil
 	if p.cfg.Direct {
 		j := t.jobs[key.job]
@@ -757,7 +757,7 @@ func (p *PS) newEntry(t *psTable, key psKey, a *psAccount, h *bpf.XdpaggHdr, now
 		j.used = now
 		e.job = j
 	}
-	if key.enc == encFixed32 {
+	if key.enc == wire.EncFixed32 {
 		if k := len(t.freeFix); k > 0 {
 			e.fix = t.freeFix[k-1]
 			t.freeFix = t.freeFix[:k-1]
@@ -783,15 +783,15 @@ func (p *PS) newEntry(t *psTable, key psKey, a *psAccount, h *bpf.XdpaggHdr, now
 // the switch for broadcast, or in Direct mode to every contributor.
 func (p *PS) complete(s *psSock, t *psTable, e *psEntry, now int64) {
 	n := int(e.tmpl.Count)
-	out := e.pkt[bpf.HdrSize : bpf.HdrSize+4*n]
-	flags := e.flags & (fECN | fCollision)
+	out := e.pkt[wire.HdrSize : wire.HdrSize+4*n]
+	flags := e.flags & (wire.FlagECN | wire.FlagCollision)
 	if e.level1 {
-		flags |= fLevel1
+		flags |= wire.FlagLevel1
 	}
 	if e.fix != nil {
 		// A contribution that could not be quantised makes the whole sum wrong; a sum beyond
 		// int32 cannot be sent. Either way: saturate and flag, and the workers repair in float32.
-		overflow := e.flags&fOverflow != 0
+		overflow := e.flags&wire.FlagOverflow != 0
 		for j := 0; j < n; j++ {
 			v := e.fix[j]
 			if v > math.MaxInt32 {
@@ -802,7 +802,7 @@ func (p *PS) complete(s *psSock, t *psTable, e *psEntry, now int64) {
 			binary.LittleEndian.PutUint32(out[4*j:], uint32(int32(v)))
 		}
 		if overflow {
-			flags |= fOverflow
+			flags |= wire.FlagOverflow
 			s.st.overflows.Add(1)
 		}
 		t.freeFix = append(t.freeFix, e.fix)
@@ -815,12 +815,12 @@ func (p *PS) complete(s *psSock, t *psTable, e *psEntry, now int64) {
 		e.flt = nil
 	}
 	h := e.tmpl
-	h.Type = msgResult
+	h.Type = wire.MsgResult
 	if !e.level1 {
 		h.Bitmap1 = 0
-		if flags&fCollision != 0 {
+		if flags&wire.FlagCollision != 0 {
 			if t, ok := p.rehash(&e.tmpl); ok {
-				flags |= fRehash
+				flags |= wire.FlagRehash
 				h.Bitmap1 = t
 				s.st.rehashes.Add(1)
 			}
@@ -832,8 +832,8 @@ func (p *PS) complete(s *psSock, t *psTable, e *psEntry, now int64) {
 	} else {
 		h.Bitmap0 = e.bitmap
 	}
-	EncodeHeader(e.pkt[:], &h)
-	e.plen = bpf.HdrSize + 4*n
+	wire.EncodeHeader(e.pkt[:], &h)
+	e.plen = wire.HdrSize + 4*n
 	e.complete = true
 	e.touched = now
 	q := &t.done[e.acct.idx]
@@ -869,7 +869,7 @@ func (p *PS) resend(s *psSock, e *psEntry, to *unix.RawSockaddrInet4) {
 	buf := s.out[s.nout][:e.plen]
 	s.nout++
 	copy(buf, e.pkt[:e.plen])
-	binary.LittleEndian.PutUint16(buf[offFlags:], binary.LittleEndian.Uint16(buf[offFlags:])|fShadow)
+	binary.LittleEndian.PutUint16(buf[wire.OffFlags:], binary.LittleEndian.Uint16(buf[wire.OffFlags:])|wire.FlagShadow)
 	s.bc.queue(to, buf, nil)
 	s.st.resent.Add(1)
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // psBench is a PS with a socket standing in for the switch (results arrive there) and one for
@@ -74,16 +74,16 @@ type dataPkt struct {
 }
 
 func (d dataPkt) bytes() []byte {
-	h := bpf.XdpaggHdr{Version: bpf.Version, Type: msgData, Encoding: d.enc, ScaleLog2: d.scale, Flags: d.flags,
+	h := wire.Header{Version: wire.Version, Type: wire.MsgData, Encoding: d.enc, ScaleLog2: d.scale, Flags: d.flags,
 		Count: uint16(len(d.vals)), JobId: d.job, Seq: d.seq, AggIndex: 5, FanIn0: d.fan, WorkerId: d.worker,
 		Bitmap0: 1 << d.worker}
-	if d.flags&fLevel1 != 0 {
+	if d.flags&wire.FlagLevel1 != 0 {
 		h.Bitmap0, h.FanIn0, h.Bitmap1, h.FanIn1 = 1, 1, 1<<d.worker, d.fan
 	}
-	b := make([]byte, bpf.HdrSize+4*len(d.vals))
-	EncodeHeader(b, &h)
+	b := make([]byte, wire.HdrSize+4*len(d.vals))
+	wire.EncodeHeader(b, &h)
 	for i, v := range d.vals {
-		binary.LittleEndian.PutUint32(b[bpf.HdrSize+4*i:], v)
+		binary.LittleEndian.PutUint32(b[wire.HdrSize+4*i:], v)
 	}
 	return b
 }
@@ -98,7 +98,7 @@ func (b *psBench) send(t *testing.T, pkts ...[]byte) {
 }
 
 // recv reads one result from c.
-func recvResult(t *testing.T, c *net.UDPConn) (bpf.XdpaggHdr, []uint32) {
+func recvResult(t *testing.T, c *net.UDPConn) (wire.Header, []uint32) {
 	t.Helper()
 	buf := make([]byte, 2048)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard, not a timing assertion
@@ -106,8 +106,8 @@ func recvResult(t *testing.T, c *net.UDPConn) (bpf.XdpaggHdr, []uint32) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, vals, err := ParsePacket(buf[:n])
-	if err != nil || h.Type != msgResult {
+	h, vals, err := wire.ParsePacket(buf[:n])
+	if err != nil || h.Type != wire.MsgResult {
 		t.Fatalf("not a result: %+v %v", h, err)
 	}
 	out := make([]uint32, h.Count)
@@ -127,23 +127,23 @@ func i32s(vs ...int32) []uint32 {
 
 func TestPSSumsDedupsAndResends(t *testing.T) {
 	b := newPSBench(t, nil, benchJob{5, 3})
-	d := dataPkt{job: 5, seq: 1, enc: encFixed32, fan: 3, scale: 24}
+	d := dataPkt{job: 5, seq: 1, enc: wire.EncFixed32, fan: 3, scale: 24}
 	w := func(id uint8, flags uint16, vs ...int32) []byte {
 		p := d
 		p.worker, p.flags, p.vals = id, flags, i32s(vs...)
 		return p.bytes()
 	}
-	b.send(t, w(0, 0, 1, -2, 3), w(0, fResend, 1, -2, 3), w(1, fECN, 10, 20, 30), w(2, fCollision, 100, 200, -300))
+	b.send(t, w(0, 0, 1, -2, 3), w(0, wire.FlagResend, 1, -2, 3), w(1, wire.FlagECN, 10, 20, 30), w(2, wire.FlagCollision, 100, 200, -300))
 	h, vals := recvResult(t, b.sw)
-	want := bpf.XdpaggHdr{Version: bpf.Version, Type: msgResult, Encoding: encFixed32, ScaleLog2: 24,
-		Flags: fECN | fCollision, Count: 3, JobId: 5, Seq: 1, AggIndex: 5, Bitmap0: 7, FanIn0: 3}
+	want := wire.Header{Version: wire.Version, Type: wire.MsgResult, Encoding: wire.EncFixed32, ScaleLog2: 24,
+		Flags: wire.FlagECN | wire.FlagCollision, Count: 3, JobId: 5, Seq: 1, AggIndex: 5, Bitmap0: 7, FanIn0: 3}
 	if h != want || vals[0] != 111 || int32(vals[1]) != 218 || int32(vals[2]) != -267 {
 		t.Fatalf("result %+v %v,\nwant %+v [111 218 -267]", h, vals, want)
 	}
 	// A worker that missed the broadcast resends: the PS answers it alone, F_SHADOW.
-	b.send(t, w(1, fResend, 10, 20, 30))
+	b.send(t, w(1, wire.FlagResend, 10, 20, 30))
 	h, vals2 := recvResult(t, b.worker)
-	want.Flags |= fShadow
+	want.Flags |= wire.FlagShadow
 	if h != want || vals2[0] != vals[0] || vals2[2] != vals[2] {
 		t.Fatalf("re-sent result %+v %v, want %+v", h, vals2, want)
 	}
@@ -156,18 +156,18 @@ func TestPSSumsDedupsAndResends(t *testing.T) {
 func TestPSFixedOverflow(t *testing.T) {
 	b := newPSBench(t, nil, benchJob{5, 2})
 	// The sum leaves int32: saturated values and F_OVERFLOW.
-	big := dataPkt{job: 5, seq: 2, enc: encFixed32, fan: 2, scale: 24}
+	big := dataPkt{job: 5, seq: 2, enc: wire.EncFixed32, fan: 2, scale: 24}
 	b0, b1 := big, big
 	b0.vals, b1.worker, b1.vals = i32s(math.MaxInt32, math.MinInt32, 5), 1, i32s(1, -1, 5)
 	b.send(t, b0.bytes(), b1.bytes())
 	h, vals := recvResult(t, b.sw)
-	if h.Flags&fOverflow == 0 || int32(vals[0]) != math.MaxInt32 || int32(vals[1]) != math.MinInt32 || vals[2] != 10 {
+	if h.Flags&wire.FlagOverflow == 0 || int32(vals[0]) != math.MaxInt32 || int32(vals[1]) != math.MinInt32 || vals[2] != 10 {
 		t.Fatalf("saturated result %+v %v", h, vals)
 	}
 	// A contribution that could not be quantised taints the sum even if it fits.
-	b0.seq, b1.seq, b0.flags = 3, 3, fOverflow
+	b0.seq, b1.seq, b0.flags = 3, 3, wire.FlagOverflow
 	b.send(t, b0.bytes(), b1.bytes())
-	if h, _ := recvResult(t, b.sw); h.Flags&fOverflow == 0 {
+	if h, _ := recvResult(t, b.sw); h.Flags&wire.FlagOverflow == 0 {
 		t.Fatalf("result %+v lacks F_OVERFLOW", h)
 	}
 	if s := b.ps.Stats(); s.Overflows != 2 || s.Completed != 2 {
@@ -180,12 +180,12 @@ func TestPSFloatRepairIsExact(t *testing.T) {
 	xs := []float32{0x1p100, 0x1p47, 0x1p-10, -0x1p100, -0x1p47}
 	for i, x := range xs {
 		// The repair packets carry F_OVERFLOW; the float result must not (nothing to repair).
-		d := dataPkt{job: 9, seq: 4, enc: encFloat32, fan: 5, worker: uint8(i), flags: fOverflow,
+		d := dataPkt{job: 9, seq: 4, enc: wire.EncFloat32, fan: 5, worker: uint8(i), flags: wire.FlagOverflow,
 			vals: []uint32{math.Float32bits(x), math.Float32bits(float32(i))}}
 		b.send(t, d.bytes())
 	}
 	h, vals := recvResult(t, b.sw)
-	if h.Encoding != encFloat32 || h.Flags != 0 || h.Bitmap0 != 31 {
+	if h.Encoding != wire.EncFloat32 || h.Flags != 0 || h.Bitmap0 != 31 {
 		t.Fatalf("float result header %+v", h)
 	}
 	if got := math.Float32frombits(vals[0]); got != 0x1p-10 {
@@ -199,26 +199,26 @@ func TestPSFloatRepairIsExact(t *testing.T) {
 func TestPSLevel1(t *testing.T) {
 	b := newPSBench(t, nil, benchJob{2, 2})
 	for i := uint8(0); i < 2; i++ {
-		d := dataPkt{job: 2, seq: 8, enc: encFixed32, fan: 2, worker: i, flags: fLevel1, vals: i32s(int32(i) + 1)}
+		d := dataPkt{job: 2, seq: 8, enc: wire.EncFixed32, fan: 2, worker: i, flags: wire.FlagLevel1, vals: i32s(int32(i) + 1)}
 		b.send(t, d.bytes())
 	}
 	h, vals := recvResult(t, b.sw)
-	if h.Flags != fLevel1 || h.Bitmap1 != 3 || h.FanIn1 != 2 || vals[0] != 3 {
+	if h.Flags != wire.FlagLevel1 || h.Bitmap1 != 3 || h.FanIn1 != 2 || vals[0] != 3 {
 		t.Fatalf("level-1 result %+v %v", h, vals)
 	}
 }
 
 func TestPSMalformed(t *testing.T) {
 	b := newPSBench(t, nil, benchJob{5, 2})
-	d := dataPkt{job: 5, seq: 1, enc: encFixed32, fan: 2, scale: 24, vals: i32s(1, 2)}
+	d := dataPkt{job: 5, seq: 1, enc: wire.EncFixed32, fan: 2, scale: 24, vals: i32s(1, 2)}
 	res := d.bytes()
-	res[offType] = msgResult
+	res[wire.OffType] = wire.MsgResult
 	other := d
 	other.worker, other.vals = 1, i32s(1) // count disagrees with the aggregation
 	scale := d
 	scale.worker, scale.scale = 1, 20 // fixed-point scale disagrees
 	sparse := d
-	sparse.enc = encSparseKV
+	sparse.enc = wire.EncSparseKV
 	b.send(t, []byte("hello"), res, d.bytes(), other.bytes(), scale.bytes(), sparse.bytes(), make([]byte, 4000))
 	waitFor(t, func() bool { s := b.ps.Stats(); return s.Received == 7 && psSettled(s) })
 	if s := b.ps.Stats(); s.Malformed != 5 || s.Unsupported != 1 || s.Aggregated != 1 {
@@ -232,7 +232,7 @@ func TestPSBoundedMemory(t *testing.T) {
 	// to back (300 ms was not), at the cost of waiting that long for the stale eviction below.
 	b := newPSBench(t, func(c *PSConfig) { c.MaxEntries = 2; c.StaleAfter = 2 * time.Second })
 	for seq := uint32(0); seq < 3; seq++ {
-		d := dataPkt{job: 5, seq: seq, enc: encFixed32, fan: 2, vals: i32s(1)}
+		d := dataPkt{job: 5, seq: seq, enc: wire.EncFixed32, fan: 2, vals: i32s(1)}
 		b.send(t, d.bytes())
 	}
 	// Two aggregations in progress fill the table: the third fragment is dropped, and the stale
@@ -243,7 +243,7 @@ func TestPSBoundedMemory(t *testing.T) {
 	}
 	// Completed results make room for new aggregations, oldest first.
 	for seq := uint32(10); seq < 13; seq++ {
-		d := dataPkt{job: 5, seq: seq, enc: encFixed32, fan: 1, vals: i32s(int32(seq))}
+		d := dataPkt{job: 5, seq: seq, enc: wire.EncFixed32, fan: 1, vals: i32s(int32(seq))}
 		b.send(t, d.bytes())
 		if _, vals := recvResult(t, b.sw); vals[0] != seq {
 			t.Fatalf("seq %d: result %v", seq, vals)

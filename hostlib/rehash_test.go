@@ -4,13 +4,13 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // collided is worker w's DATA for <job, seq> as the switch forwards it after a collision, from
 // workers with window win (bitmap1).
 func collided(job, seq uint32, w uint8, win uint32) []byte {
-	b := dataPkt{job: job, seq: seq, enc: encFixed32, worker: w, fan: 2, scale: 24, flags: fCollision, vals: []uint32{1}}.bytes()
+	b := dataPkt{job: job, seq: seq, enc: wire.EncFixed32, worker: w, fan: 2, scale: 24, flags: wire.FlagCollision, vals: []uint32{1}}.bytes()
 	binary.LittleEndian.PutUint32(b[24:], win) // bitmap1
 	return b
 }
@@ -25,7 +25,7 @@ func TestPSRehashesCollidedOffsets(t *testing.T) {
 	for seq := uint32(0); seq < 2*win; seq++ {
 		b.send(t, collided(job, seq, 0, win), collided(job, seq, 1, win))
 		h, _ := recvResult(t, b.sw)
-		if h.Flags&fRehash == 0 {
+		if h.Flags&wire.FlagRehash == 0 {
 			t.Fatalf("result of collided seq %d without F_REHASH: %+v", seq, h)
 		}
 		tgt := h.Bitmap1
@@ -38,10 +38,10 @@ func TestPSRehashesCollidedOffsets(t *testing.T) {
 		targets[tgt] = seq
 	}
 	// Without a collision, no rehash and bitmap1 cleared.
-	plain := dataPkt{job: job, seq: 100, enc: encFixed32, fan: 1, scale: 24, vals: []uint32{1}}.bytes()
+	plain := dataPkt{job: job, seq: 100, enc: wire.EncFixed32, fan: 1, scale: 24, vals: []uint32{1}}.bytes()
 	binary.LittleEndian.PutUint32(plain[24:], win)
 	b.send(t, plain)
-	if h, _ := recvResult(t, b.sw); h.Flags&fRehash != 0 || h.Bitmap1 != 0 {
+	if h, _ := recvResult(t, b.sw); h.Flags&wire.FlagRehash != 0 || h.Bitmap1 != 0 {
 		t.Errorf("plain result %+v", h)
 	}
 	if s := b.ps.Stats(); s.Rehashes != 2*win {
@@ -64,5 +64,5 @@ func TestWorkerAppliesRehash(t *testing.T) {
 	if got, want := w.aggIndex(11), AggIndex(3, 11, 4, 64); got != want {
 		t.Errorf("another offset moved: %d, want %d", got, want)
 	}
-	_ = bpf.HdrSize
+	_ = wire.HdrSize
 }

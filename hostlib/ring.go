@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Ring all-reduce over UDP: the aggregator-free exchange of INCEPTIONN (Alg. 1), i.e. the classic
@@ -100,8 +100,8 @@ type RingConfig struct {
 	// limits when the process has CAP_NET_ADMIN.
 	SocketBuffer int
 	// ValuesPerPacket is how many float32 one DATA packet carries: as many as the path MTU
-	// holds, bpf.ValuesForMTU(mtu). Default bpf.StdValues (360, a 1500-byte MTU); at most
-	// bpf.MaxValues. Every rank must use the same: it decides the packets.
+	// holds, bpf.ValuesForMTU(mtu). Default wire.StdValues (360, a 1500-byte MTU); at most
+	// wire.MaxValues. Every rank must use the same: it decides the packets.
 	ValuesPerPacket int
 }
 
@@ -134,7 +134,7 @@ func (c RingConfig) WithDefaults() RingConfig {
 		c.SocketBuffer = DefaultSocketBuffer
 	}
 	if c.ValuesPerPacket == 0 {
-		c.ValuesPerPacket = bpf.StdValues
+		c.ValuesPerPacket = wire.StdValues
 	}
 	return c
 }
@@ -143,8 +143,8 @@ func (c RingConfig) WithDefaults() RingConfig {
 // result (NewRing does).
 func (c RingConfig) Validate() error {
 	switch {
-	case len(c.Peers) == 0 || len(c.Peers) > bpf.MaxWorkers:
-		return fmt.Errorf("%w: %d Peers: use 1..%d ranks (the header has one bitmap bit per rank)", ErrConfig, len(c.Peers), bpf.MaxWorkers)
+	case len(c.Peers) == 0 || len(c.Peers) > wire.MaxWorkers:
+		return fmt.Errorf("%w: %d Peers: use 1..%d ranks (the header has one bitmap bit per rank)", ErrConfig, len(c.Peers), wire.MaxWorkers)
 	case c.Rank < 0 || c.Rank >= len(c.Peers):
 		return fmt.Errorf("%w: Rank %d: use 0..%d (len(Peers)-1)", ErrConfig, c.Rank, len(c.Peers)-1)
 	case c.Timeout < time.Microsecond:
@@ -155,8 +155,8 @@ func (c RingConfig) Validate() error {
 		return fmt.Errorf("%w: Window %d: use 1..%d", ErrConfig, c.Window, MaxWindow)
 	case c.SocketBuffer < 0 || c.SocketBuffer > math.MaxInt32:
 		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
-	case c.ValuesPerPacket < 1 || c.ValuesPerPacket > bpf.MaxValues:
-		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, bpf.MaxValues)
+	case c.ValuesPerPacket < 1 || c.ValuesPerPacket > wire.MaxValues:
+		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, wire.MaxValues)
 	}
 	for i, p := range c.Peers {
 		if !p.Addr().Is4() || p.Addr().IsUnspecified() || p.Port() == 0 {
@@ -232,8 +232,8 @@ type Ring struct {
 	armedKnown bool
 	ackBlocks  []uint32 // blocks touched by the current receive batch
 	nack       int
-	ackBufs    [][bpf.HdrSize]byte // acks queued in the current send batch
-	stash      []ringStashed       // packets of the next call
+	ackBufs    [][wire.HdrSize]byte // acks queued in the current send batch
+	stash      []ringStashed        // packets of the next call
 	nstash     int
 }
 
@@ -260,7 +260,7 @@ type ringSlot struct {
 	retries  int
 	deadline int64
 	plen     int
-	pkt      []byte // bpf.HdrSize + 4*k bytes of one shared allocation
+	pkt      []byte // wire.HdrSize + 4*k bytes of one shared allocation
 }
 
 type ringStashed struct {
@@ -307,10 +307,10 @@ func newRing(cfg RingConfig, dropTx func() bool) (*Ring, error) {
 		slots:     make([]ringSlot, cfg.Window),
 		freeSlots: make([]int32, 0, cfg.Window),
 		ackBlocks: make([]uint32, 0, recvBatch),
-		ackBufs:   make([][bpf.HdrSize]byte, sbatch),
+		ackBufs:   make([][wire.HdrSize]byte, sbatch),
 		stash:     make([]ringStashed, cfg.Window),
 	}
-	psize := bpf.HdrSize + 4*r.k
+	psize := wire.HdrSize + 4*r.k
 	buf := make([]byte, 2*cfg.Window*psize)
 	for i := range r.slots {
 		r.slots[i].pkt, buf = buf[:psize:psize], buf[psize:]
@@ -613,8 +613,8 @@ func (r *Ring) pump(now int64) error {
 						ErrTimeout, r.rank, p, s, r.succ, sl.retries)
 				}
 				sl.retries++
-				flags := binary.LittleEndian.Uint16(sl.pkt[offFlags:])
-				binary.LittleEndian.PutUint16(sl.pkt[offFlags:], flags|fResend)
+				flags := binary.LittleEndian.Uint16(sl.pkt[wire.OffFlags:])
+				binary.LittleEndian.PutUint16(sl.pkt[wire.OffFlags:], flags|wire.FlagResend)
 				sl.deadline = now + int64(r.cfg.Timeout)<<min(sl.retries, maxBackoffShift)
 				r.queue(&r.succSa, sl.pkt[:sl.plen])
 				resent++
@@ -653,14 +653,14 @@ func (r *Ring) encode(sl *ringSlot) {
 	lo, n := r.chunk(r.sendChunk(s))
 	lo += p * r.k
 	vals := op.data[lo : lo+min(r.k, n-p*r.k)]
-	out := sl.pkt[bpf.HdrSize : bpf.HdrSize+4*len(vals)]
+	out := sl.pkt[wire.HdrSize : wire.HdrSize+4*len(vals)]
 	for j, x := range vals {
 		binary.LittleEndian.PutUint32(out[4*j:], math.Float32bits(x))
 	}
-	h := bpf.XdpaggHdr{
-		Version:  bpf.Version,
-		Type:     msgData,
-		Encoding: encFloat32,
+	h := wire.Header{
+		Version:  wire.Version,
+		Type:     wire.MsgData,
+		Encoding: wire.EncFloat32,
 		Count:    uint16(len(vals)),
 		JobId:    r.cfg.ID,
 		Seq:      uint32(op.base + uint64(sl.off)),
@@ -670,26 +670,26 @@ func (r *Ring) encode(sl *ringSlot) {
 		FanIn0:   uint8(r.w),
 		WorkerId: uint8(r.rank),
 	}
-	EncodeHeader(sl.pkt, &h)
-	sl.plen = bpf.HdrSize + 4*len(vals)
+	wire.EncodeHeader(sl.pkt, &h)
+	sl.plen = wire.HdrSize + 4*len(vals)
 }
 
 // handle processes one received datagram (fresh: straight from the socket, else from the stash).
 func (r *Ring) handle(b []byte, now int64, fresh bool) {
-	h, vals, err := ParsePacket(b)
-	if err != nil || h.JobId != r.cfg.ID || h.Encoding != encFloat32 {
+	h, vals, err := wire.ParsePacket(b)
+	if err != nil || h.JobId != r.cfg.ID || h.Encoding != wire.EncFloat32 {
 		r.st.malformed.Add(1)
 		return
 	}
 	op := &r.op
 	switch {
-	case h.Type == msgAck && len(b) == bpf.HdrSize && int(h.WorkerId) == r.succ:
+	case h.Type == wire.MsgAck && len(b) == wire.HdrSize && int(h.WorkerId) == r.succ:
 		r.st.acksReceived.Add(1)
 		if op.active {
 			r.acked(h.Seq, uint64(h.Bitmap1)<<32|uint64(h.Bitmap0), now)
 		}
 		return
-	case h.Type != msgData || int(h.WorkerId) != r.pred || int(h.FanIn0) != r.w || h.Bitmap0 != 1<<r.pred:
+	case h.Type != wire.MsgData || int(h.WorkerId) != r.pred || int(h.FanIn0) != r.w || h.Bitmap0 != 1<<r.pred:
 		r.st.malformed.Add(1)
 		return
 	}
@@ -776,7 +776,7 @@ func (r *Ring) acked(seq uint32, mask uint64, now int64) {
 // starts here and the ack goes out.
 func (r *Ring) keep(b []byte, seq uint32) {
 	for i := 0; i < r.nstash; i++ {
-		if binary.LittleEndian.Uint32(r.stash[i].pkt[offSeq:]) == seq {
+		if binary.LittleEndian.Uint32(r.stash[i].pkt[wire.OffSeq:]) == seq {
 			return // a retransmission of one already kept
 		}
 	}
@@ -823,10 +823,10 @@ func (r *Ring) queueAck(seq uint32, mask uint64) {
 	}
 	buf := r.ackBufs[r.nack][:]
 	r.nack++
-	h := bpf.XdpaggHdr{
-		Version:  bpf.Version,
-		Type:     msgAck,
-		Encoding: encFloat32,
+	h := wire.Header{
+		Version:  wire.Version,
+		Type:     wire.MsgAck,
+		Encoding: wire.EncFloat32,
 		JobId:    r.cfg.ID,
 		Seq:      seq,
 		Bitmap0:  uint32(mask),
@@ -834,7 +834,7 @@ func (r *Ring) queueAck(seq uint32, mask uint64) {
 		FanIn0:   uint8(r.w),
 		WorkerId: uint8(r.rank),
 	}
-	EncodeHeader(buf, &h)
+	wire.EncodeHeader(buf, &h)
 	r.st.acksSent.Add(1)
 	if r.dropTx != nil && r.dropTx() {
 		return

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // newRings makes w ranks of one ring on loopback. drop, if > 0, makes every rank lose that
@@ -158,7 +158,7 @@ func TestRingAllReduce(t *testing.T) {
 // Jumbo packets (the most values a packet may carry) work the same.
 func TestRingValuesPerPacket(t *testing.T) {
 	const w = 3
-	for _, k := range []int{1, 7, bpf.MaxValues} {
+	for _, k := range []int{1, 7, wire.MaxValues} {
 		rings := newRings(t, w, 0, func(c *RingConfig) { c.ValuesPerPacket = k })
 		for _, n := range []int{1, 2, 3*k - 1, 3 * k, 3*k + 1, 5000} {
 			in, ref := tensors(w, n, uint64(n), uniform)

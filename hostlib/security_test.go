@@ -17,6 +17,7 @@ import (
 
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 func testKey(t *testing.T) []byte {
@@ -90,9 +91,9 @@ func TestWorkerResultSources(t *testing.T) {
 			}
 			var flags uint16
 			if c.cached {
-				flags = fCached
+				flags = wire.FlagCached
 			}
-			fzInject(w.bc, 0, fzResult(0, flags, encFixed32, 5), c.from)
+			fzInject(w.bc, 0, fzResult(0, flags, wire.EncFixed32, 5), c.from)
 			before := slices.Clone(data)
 			w.mu.Lock()
 			w.handleResult(0)
@@ -121,18 +122,18 @@ type fakeAgent struct {
 	t      *testing.T
 	conn   *net.UDPConn
 	key    []byte
-	answer func(h bpf.XdpaggHdr) []byte
+	answer func(h wire.Header) []byte
 	reply  *net.UDPConn
 
 	mu      sync.Mutex
-	msgs    []bpf.XdpaggHdr // authentic messages received, in order
+	msgs    []wire.Header // authentic messages received, in order
 	stamps  []uint64
 	bodies  [][]byte
 	unauth  int
 	stopped chan struct{}
 }
 
-func newFakeAgent(t *testing.T, key []byte, reply *net.UDPConn, answer func(h bpf.XdpaggHdr) []byte) *fakeAgent {
+func newFakeAgent(t *testing.T, key []byte, reply *net.UDPConn, answer func(h wire.Header) []byte) *fakeAgent {
 	a := &fakeAgent{t: t, conn: listenOn(t, "127.0.0.1", 0), key: key, answer: answer, reply: reply, stopped: make(chan struct{})}
 	go a.run()
 	t.Cleanup(func() {
@@ -154,19 +155,19 @@ func (a *fakeAgent) run() {
 		}
 		msg, stamp, err := ctlauth.Open(a.key, buf[:n])
 		a.mu.Lock()
-		if err != nil || len(msg) < bpf.HdrSize {
+		if err != nil || len(msg) < wire.HdrSize {
 			a.unauth++
 			a.mu.Unlock()
 			continue
 		}
-		var h bpf.XdpaggHdr
-		decodeHeader(msg, &h)
+		var h wire.Header
+		wire.DecodeHeader(msg, &h)
 		a.msgs = append(a.msgs, h)
 		a.stamps = append(a.stamps, stamp)
-		a.bodies = append(a.bodies, slices.Clone(msg[bpf.HdrSize:]))
+		a.bodies = append(a.bodies, slices.Clone(msg[wire.HdrSize:]))
 		a.mu.Unlock()
-		if h.Type != uint8(bpf.XdpaggMsgTypeMSG_JOIN) && h.Type != uint8(bpf.XdpaggMsgTypeMSG_LEAVE) &&
-			h.Type != uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT) {
+		if h.Type != wire.MsgJoin && h.Type != wire.MsgLeave &&
+			h.Type != wire.MsgRetransmit {
 			continue
 		}
 		out := a.answer(h)
@@ -181,7 +182,7 @@ func (a *fakeAgent) run() {
 	}
 }
 
-func (a *fakeAgent) received() ([]bpf.XdpaggHdr, []uint64, [][]byte, int) {
+func (a *fakeAgent) received() ([]wire.Header, []uint64, [][]byte, int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.msgs), slices.Clone(a.stamps), slices.Clone(a.bodies), a.unauth
@@ -189,9 +190,9 @@ func (a *fakeAgent) received() ([]bpf.XdpaggHdr, []uint64, [][]byte, int) {
 
 // ackOf is the agent's MSG_ACK of h (seq and worker id as given), sealed under key with stamp
 // (nil key: no trailer).
-func ackOf(t *testing.T, key []byte, h bpf.XdpaggHdr, seq uint32, worker uint8, stamp uint64) []byte {
-	b := make([]byte, bpf.HdrSize)
-	EncodeHeader(b, &bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: h.JobId, Seq: seq, WorkerId: worker})
+func ackOf(t *testing.T, key []byte, h wire.Header, seq uint32, worker uint8, stamp uint64) []byte {
+	b := make([]byte, wire.HdrSize)
+	wire.EncodeHeader(b, &wire.Header{Version: wire.Version, Type: wire.MsgAck, JobId: h.JobId, Seq: seq, WorkerId: worker})
 	if key == nil {
 		return b
 	}
@@ -230,8 +231,8 @@ func TestJoinAuthenticatedAck(t *testing.T) {
 	var agentStamps ctlauth.Stamper
 	// answer is the agent's answer to the control message h; prior is the stamp of the ACK that
 	// completed a first Join, for cases that run a Leave after one (0 otherwise).
-	type answerFunc func(h bpf.XdpaggHdr, prior uint64) []byte
-	fresh := func(h bpf.XdpaggHdr, _ uint64) []byte { return ackOf(t, key, h, h.Seq, h.WorkerId, agentStamps.Next()) }
+	type answerFunc func(h wire.Header, prior uint64) []byte
+	fresh := func(h wire.Header, _ uint64) []byte { return ackOf(t, key, h, h.Seq, h.WorkerId, agentStamps.Next()) }
 	stats := func(f func(s WorkerStats) uint64) func(s WorkerStats) uint64 { return f }
 	for _, c := range []struct {
 		name      string
@@ -245,28 +246,28 @@ func TestJoinAuthenticatedAck(t *testing.T) {
 		{name: "authentic", answer: fresh, ok: true, accepted: true, counter: stats(func(s WorkerStats) uint64 { return s.ControlAcks })},
 		{name: "authentic, Leave after Join", answer: fresh, prior: true, ok: true, accepted: true,
 			counter: stats(func(s WorkerStats) uint64 { return s.ControlAcks })},
-		{name: "no trailer", answer: func(h bpf.XdpaggHdr, _ uint64) []byte { return ackOf(t, nil, h, h.Seq, h.WorkerId, 0) },
+		{name: "no trailer", answer: func(h wire.Header, _ uint64) []byte { return ackOf(t, nil, h, h.Seq, h.WorkerId, 0) },
 			counter: stats(func(s WorkerStats) uint64 { return s.Unauthenticated })},
-		{name: "another job's key", answer: func(h bpf.XdpaggHdr, _ uint64) []byte { return ackOf(t, otherKey, h, h.Seq, h.WorkerId, now()) },
+		{name: "another job's key", answer: func(h wire.Header, _ uint64) []byte { return ackOf(t, otherKey, h, h.Seq, h.WorkerId, now()) },
 			counter: stats(func(s WorkerStats) uint64 { return s.Unauthenticated })},
-		{name: "tampered", answer: func(h bpf.XdpaggHdr, _ uint64) []byte {
+		{name: "tampered", answer: func(h wire.Header, _ uint64) []byte {
 			b := ackOf(t, key, h, h.Seq, h.WorkerId, now())
 			b[len(b)-1] ^= 0x80
 			return b
 		}, counter: stats(func(s WorkerStats) uint64 { return s.Unauthenticated })},
-		{name: "stale stamp", answer: func(h bpf.XdpaggHdr, _ uint64) []byte {
+		{name: "stale stamp", answer: func(h wire.Header, _ uint64) []byte {
 			return ackOf(t, key, h, h.Seq, h.WorkerId, now()-uint64(2*ctlauth.MaxSkew))
 		}, counter: stats(func(s WorkerStats) uint64 { return s.Replayed })},
-		{name: "stamp from the future", answer: func(h bpf.XdpaggHdr, _ uint64) []byte {
+		{name: "stamp from the future", answer: func(h wire.Header, _ uint64) []byte {
 			return ackOf(t, key, h, h.Seq, h.WorkerId, now()+uint64(2*ctlauth.MaxSkew))
 		}, counter: stats(func(s WorkerStats) uint64 { return s.Replayed })},
-		{name: "stamp already accepted", prior: true, answer: func(h bpf.XdpaggHdr, prior uint64) []byte {
+		{name: "stamp already accepted", prior: true, answer: func(h wire.Header, prior uint64) []byte {
 			return ackOf(t, key, h, h.Seq, h.WorkerId, prior) // the right nonce, an authentic but used stamp
 		}, counter: stats(func(s WorkerStats) uint64 { return s.Replayed })},
-		{name: "wrong nonce", accepted: true, answer: func(h bpf.XdpaggHdr, _ uint64) []byte {
+		{name: "wrong nonce", accepted: true, answer: func(h wire.Header, _ uint64) []byte {
 			return ackOf(t, key, h, h.Seq+1, h.WorkerId, agentStamps.Next())
 		}, counter: stats(func(s WorkerStats) uint64 { return s.ControlAcks })},
-		{name: "another worker's", answer: func(h bpf.XdpaggHdr, _ uint64) []byte {
+		{name: "another worker's", answer: func(h wire.Header, _ uint64) []byte {
 			return ackOf(t, key, h, h.Seq, h.WorkerId+1, agentStamps.Next())
 		}, counter: stats(func(s WorkerStats) uint64 { return s.Malformed })},
 		{name: "from another port", elsewhere: true, answer: fresh, counter: stats(func(s WorkerStats) uint64 { return s.Foreign })},
@@ -279,10 +280,10 @@ func TestJoinAuthenticatedAck(t *testing.T) {
 			}
 			var mu sync.Mutex
 			var priorStamp uint64
-			a := newFakeAgent(t, key, reply, func(h bpf.XdpaggHdr) []byte {
+			a := newFakeAgent(t, key, reply, func(h wire.Header) []byte {
 				mu.Lock()
 				defer mu.Unlock()
-				if c.prior && h.Type == uint8(bpf.XdpaggMsgTypeMSG_JOIN) {
+				if c.prior && h.Type == wire.MsgJoin {
 					priorStamp = agentStamps.Next()
 					return ackOf(t, key, h, h.Seq, h.WorkerId, priorStamp)
 				}
@@ -390,7 +391,7 @@ func TestJoinConfig(t *testing.T) {
 func TestJoinedWorkerControlPath(t *testing.T) {
 	key := testKey(t)
 	var stamps ctlauth.Stamper
-	a := newFakeAgent(t, key, nil, func(h bpf.XdpaggHdr) []byte {
+	a := newFakeAgent(t, key, nil, func(h wire.Header) []byte {
 		// JOIN: acknowledged; RETRANSMIT: a miss (ACK of its seq).
 		return ackOf(t, key, h, h.Seq, h.WorkerId, stamps.Next())
 	})
@@ -407,16 +408,16 @@ func TestJoinedWorkerControlPath(t *testing.T) {
 			if err != nil {
 				return
 			}
-			h, _, err := ParsePacket(buf[:n])
-			if err != nil || h.Type != msgData {
+			h, _, err := wire.ParsePacket(buf[:n])
+			if err != nil || h.Type != wire.MsgData {
 				continue
 			}
 			if h.Seq == 0 && !dropped {
 				dropped = true
 				continue
 			}
-			buf[offType] = msgResult
-			binary.LittleEndian.PutUint16(buf[offFlags:], 0)
+			buf[wire.OffType] = wire.MsgResult
+			binary.LittleEndian.PutUint16(buf[wire.OffFlags:], 0)
 			_, _ = ps.WriteToUDPAddrPort(buf[:n], from)
 		}
 	}()
@@ -441,7 +442,7 @@ func TestJoinedWorkerControlPath(t *testing.T) {
 	waitFor(t, func() bool {
 		msgs, _, _, _ := a.received()
 		for _, h := range msgs {
-			if h.Type == msgAck && h.Seq == nfrags {
+			if h.Type == wire.MsgAck && h.Seq == nfrags {
 				return true
 			}
 		}
@@ -460,9 +461,9 @@ func TestJoinedWorkerControlPath(t *testing.T) {
 		if h.JobId != 4 || h.WorkerId != 0 || h.Bitmap0 != 1 {
 			t.Fatalf("control message %d: %+v", i, h)
 		}
-		asked = asked || (h.Type == uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT) && h.Seq == 0)
+		asked = asked || (h.Type == wire.MsgRetransmit && h.Seq == 0)
 	}
-	if msgs[0].Type != uint8(bpf.XdpaggMsgTypeMSG_JOIN) || !asked {
+	if msgs[0].Type != wire.MsgJoin || !asked {
 		t.Fatalf("agent got %+v: want the JOIN, then a RETRANSMIT of seq 0 (its DATA was lost)", msgs)
 	}
 	if s := w.Stats(); s.CacheRequests == 0 || s.Unauthenticated+s.Replayed+s.Foreign != 0 {
@@ -550,23 +551,23 @@ func TestPSAdmission(t *testing.T) {
 		enc     uint8
 		verdict verdict
 	}{
-		{"member", a, 5, 0, 2, encFixed32, aggregated},
-		{"second member", b, 5, 1, 2, encFixed32, aggregated},
-		{"float32 from a member", b, 5, 1, 2, encFloat32, aggregated},
-		{"unknown job", a, 7, 0, 2, encFixed32, unknownJob},
-		{"job id 0", a, 0, 0, 2, encFixed32, malformed},
-		{"worker id beyond the job", a, 5, 2, 3, encFixed32, notMember},
-		{"another member's worker id", a, 5, 1, 2, encFixed32, notMember},
-		{"member's address, another port", func(m *psMembersBench) *net.UDPConn { return m.otherPort }, 5, 0, 2, encFixed32, notMember},
-		{"member's port, another address", func(m *psMembersBench) *net.UDPConn { return m.otherIP }, 5, 0, 2, encFixed32, notMember},
-		{"a member of another job", func(m *psMembersBench) *net.UDPConn { return m.c }, 5, 0, 2, encFixed32, notMember},
-		{"any-port member, some port", func(m *psMembersBench) *net.UDPConn { return m.otherPort }, 6, 0, 2, encFixed32, aggregated},
-		{"any-port member, another address", func(m *psMembersBench) *net.UDPConn { return m.otherIPAnyJob }, 6, 0, 2, encFixed32, notMember},
-		{"member on another host", func(m *psMembersBench) *net.UDPConn { return m.c }, 6, 1, 2, encFixed32, aggregated},
-		{"sparse encoding from a member", b, 5, 1, 2, encSparseKV, unsupported},
-		{"unknown encoding from a member", b, 5, 1, 2, encSparseKV + 1, unsupported},
-		{"sparse encoding from an outsider", func(m *psMembersBench) *net.UDPConn { return m.otherPort }, 5, 1, 2, encSparseKV, notMember},
-		{"fan-in not the job's", a, 5, 0, 3, encFixed32, malformed},
+		{"member", a, 5, 0, 2, wire.EncFixed32, aggregated},
+		{"second member", b, 5, 1, 2, wire.EncFixed32, aggregated},
+		{"float32 from a member", b, 5, 1, 2, wire.EncFloat32, aggregated},
+		{"unknown job", a, 7, 0, 2, wire.EncFixed32, unknownJob},
+		{"job id 0", a, 0, 0, 2, wire.EncFixed32, malformed},
+		{"worker id beyond the job", a, 5, 2, 3, wire.EncFixed32, notMember},
+		{"another member's worker id", a, 5, 1, 2, wire.EncFixed32, notMember},
+		{"member's address, another port", func(m *psMembersBench) *net.UDPConn { return m.otherPort }, 5, 0, 2, wire.EncFixed32, notMember},
+		{"member's port, another address", func(m *psMembersBench) *net.UDPConn { return m.otherIP }, 5, 0, 2, wire.EncFixed32, notMember},
+		{"a member of another job", func(m *psMembersBench) *net.UDPConn { return m.c }, 5, 0, 2, wire.EncFixed32, notMember},
+		{"any-port member, some port", func(m *psMembersBench) *net.UDPConn { return m.otherPort }, 6, 0, 2, wire.EncFixed32, aggregated},
+		{"any-port member, another address", func(m *psMembersBench) *net.UDPConn { return m.otherIPAnyJob }, 6, 0, 2, wire.EncFixed32, notMember},
+		{"member on another host", func(m *psMembersBench) *net.UDPConn { return m.c }, 6, 1, 2, wire.EncFixed32, aggregated},
+		{"sparse encoding from a member", b, 5, 1, 2, wire.EncSparseKV, unsupported},
+		{"unknown encoding from a member", b, 5, 1, 2, wire.EncSparseKV + 1, unsupported},
+		{"sparse encoding from an outsider", func(m *psMembersBench) *net.UDPConn { return m.otherPort }, 5, 1, 2, wire.EncSparseKV, notMember},
+		{"fan-in not the job's", a, 5, 0, 3, wire.EncFixed32, malformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			seq++
@@ -589,7 +590,7 @@ func TestPSAdmission(t *testing.T) {
 func TestPSOutsiderCannotReadSums(t *testing.T) {
 	m := newPSMembersBench(t)
 	d := func(worker uint8) []byte {
-		return dataPkt{job: 5, seq: 1, enc: encFixed32, worker: worker, fan: 2, scale: 24, vals: i32s(7)}.bytes()
+		return dataPkt{job: 5, seq: 1, enc: wire.EncFixed32, worker: worker, fan: 2, scale: 24, vals: i32s(7)}.bytes()
 	}
 	m.send(t, m.a, d(0))
 	m.send(t, m.b, d(1))
@@ -612,7 +613,7 @@ func TestPSOutsiderCannotReadSums(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, _, err := ParsePacket(buf[:n]); err != nil || h.Type != msgResult || h.Flags&fShadow == 0 {
+	if h, _, err := wire.ParsePacket(buf[:n]); err != nil || h.Type != wire.MsgResult || h.Flags&wire.FlagShadow == 0 {
 		t.Fatalf("member got %+v (%v), want the stored result", h, err)
 	}
 }
@@ -649,7 +650,7 @@ func TestPSJobShares(t *testing.T) {
 				return p.Stats()
 			}
 			data := func(job, seq uint32, worker uint8, flags uint16, v int32) []byte {
-				return fzPSData(job, seq, encFixed32, worker, 2, flags, fzI32s(v)...)
+				return fzPSData(job, seq, wire.EncFixed32, worker, 2, flags, fzI32s(v)...)
 			}
 			// Job B: one sum in progress (seq 1), one completed and kept (seq 2).
 			send(b, data(jobB, 1, 0, 0, 10))
@@ -663,7 +664,7 @@ func TestPSJobShares(t *testing.T) {
 					send(a, data(jobA, seq, 0, 0, 1))
 					st = send(a, data(jobA, seq, 1, 0, 1))
 				} else {
-					st = send(a, data(jobA, seq, 0, fResend, 1))
+					st = send(a, data(jobA, seq, 0, wire.FlagResend, 1))
 				}
 			}
 			accA, accB := p.jobs[jobA].acct, p.jobs[jobB].acct
@@ -688,11 +689,11 @@ func TestPSJobShares(t *testing.T) {
 			if st.Completed != was.Completed+1 {
 				t.Fatalf("job B's pending sum did not complete: %+v", st)
 			}
-			e := p.table(psKey{job: jobB, seq: 1, enc: encFixed32}).entries[psKey{job: jobB, seq: 1, enc: encFixed32}]
-			if e == nil || !e.complete || int32(binary.LittleEndian.Uint32(e.pkt[bpf.HdrSize:])) != 30 {
+			e := p.table(psKey{job: jobB, seq: 1, enc: wire.EncFixed32}).entries[psKey{job: jobB, seq: 1, enc: wire.EncFixed32}]
+			if e == nil || !e.complete || int32(binary.LittleEndian.Uint32(e.pkt[wire.HdrSize:])) != 30 {
 				t.Fatalf("job B's sum: %+v", e)
 			}
-			if st = send(b, data(jobB, 2, 0, fResend, 1)); st.ResultsResent != was.ResultsResent+1 {
+			if st = send(b, data(jobB, 2, 0, wire.FlagResend, 1)); st.ResultsResent != was.ResultsResent+1 {
 				t.Fatalf("job B's kept result was evicted: %+v", st)
 			}
 			for seq := uint32(3); seq < 3+share; seq++ {

@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Worker defaults and limits.
@@ -46,7 +46,7 @@ type WorkerConfig struct {
 	WorkerID   uint8          // 0..NumWorkers-1: this worker's bit in the contributor bitmap
 	NumWorkers uint8          // 1..32: the fan-in, workers whose fragments make a sum
 	Local      netip.AddrPort // IPv4 address to bind; results arrive here (the switch is configured with it). Port 0 picks one (see LocalAddr)
-	PS         netip.AddrPort // where data packets go: PS IP + agg port (port 0: bpf.DefaultPort); the source results must come from
+	PS         netip.AddrPort // where data packets go: PS IP + agg port (port 0: wire.DefaultPort); the source results must come from
 	PoolSize   uint32         // the switch's pool size (default 4096)
 	Window     int            // fragments in flight (default min(64, PoolSize/2)); 2*Window <= PoolSize
 	// ScaleLog2 is the fixed-point exponent: values travel as round(x * 2^ScaleLog2). Default 24,
@@ -70,7 +70,7 @@ type WorkerConfig struct {
 	// between 1 and Window.
 	NoCongestionControl bool
 	// ValuesPerPacket is K, the values one fragment carries: as many as the path MTU holds,
-	// bpf.ValuesForMTU(mtu). Default bpf.StdValues (360, a 1500-byte MTU); at most bpf.MaxValues
+	// bpf.ValuesForMTU(mtu). Default wire.StdValues (360, a 1500-byte MTU); at most wire.MaxValues
 	// (832, MTU 3388). Every worker of a job must use the same K: it decides the fragments.
 	ValuesPerPacket int
 	// JobKey is the job's control key (ctlauth.KeySize bytes, from `xdpagg job add`; parse its
@@ -103,12 +103,12 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 		c.SocketBuffer = DefaultSocketBuffer
 	}
 	if c.ValuesPerPacket == 0 {
-		c.ValuesPerPacket = bpf.StdValues
+		c.ValuesPerPacket = wire.StdValues
 	}
 	c.Local = netip.AddrPortFrom(c.Local.Addr().Unmap(), c.Local.Port())
 	port := c.PS.Port()
 	if port == 0 {
-		port = bpf.DefaultPort
+		port = wire.DefaultPort
 	}
 	c.PS = netip.AddrPortFrom(c.PS.Addr().Unmap(), port)
 	return c
@@ -120,8 +120,8 @@ func (c WorkerConfig) Validate() error {
 	switch {
 	case c.JobID == 0:
 		return fmt.Errorf("%w: JobID is 0: use a nonzero job id (0 is reserved)", ErrConfig)
-	case c.NumWorkers == 0 || int(c.NumWorkers) > bpf.MaxWorkers:
-		return fmt.Errorf("%w: NumWorkers %d: use 1..%d", ErrConfig, c.NumWorkers, bpf.MaxWorkers)
+	case c.NumWorkers == 0 || int(c.NumWorkers) > wire.MaxWorkers:
+		return fmt.Errorf("%w: NumWorkers %d: use 1..%d", ErrConfig, c.NumWorkers, wire.MaxWorkers)
 	case c.WorkerID >= c.NumWorkers:
 		return fmt.Errorf("%w: WorkerID %d: use 0..%d (NumWorkers-1)", ErrConfig, c.WorkerID, c.NumWorkers-1)
 	case !c.Local.Addr().Is4():
@@ -141,8 +141,8 @@ func (c WorkerConfig) Validate() error {
 		return fmt.Errorf("%w: Timeout %v: use a positive retransmit timeout of at least 1µs", ErrConfig, c.Timeout)
 	case c.MaxRetries < 1:
 		return fmt.Errorf("%w: MaxRetries %d: use at least 1", ErrConfig, c.MaxRetries)
-	case c.ValuesPerPacket < 1 || c.ValuesPerPacket > bpf.MaxValues:
-		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, bpf.MaxValues)
+	case c.ValuesPerPacket < 1 || c.ValuesPerPacket > wire.MaxValues:
+		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, wire.MaxValues)
 	case c.SocketBuffer < 0 || c.SocketBuffer > math.MaxInt32:
 		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
 	case c.JobKey != nil && len(c.JobKey) != ctlauth.KeySize:
@@ -291,14 +291,14 @@ type fragment struct {
 	ctl          [ctlMsgSize]byte // the sealed MSG_RETRANSMIT packet (stays put until flushed)
 	deadline     int64            // ns since epoch at which to resend
 	plen         int
-	pkt          [MaxPacket]byte // the DATA packet as sent: resends repeat it byte for byte
+	pkt          [wire.MaxPacket]byte // the DATA packet as sent: resends repeat it byte for byte
 }
 
 // recvBatch is how many datagrams one recvmmsg takes.
 const recvBatch = 64
 
 // ctlMsgSize is a header-only control message (ACK, RETRANSMIT) with its authentication trailer.
-const ctlMsgSize = bpf.HdrSize + ctlauth.TrailerSize
+const ctlMsgSize = wire.HdrSize + ctlauth.TrailerSize
 
 // NewWorker validates cfg and binds the worker's UDP socket now, in the calling thread's network
 // namespace (callers place workers in a namespace by creating them on a locked thread inside it).
@@ -499,7 +499,7 @@ func (w *Worker) step() (wait int64, err error) {
 			continue
 		case f.repairQueued:
 			f.repairQueued = false
-			w.encode(f, encFloat32, fOverflow)
+			w.encode(f, wire.EncFloat32, wire.FlagOverflow)
 			f.retries = 0
 			f.deadline = now + int64(w.cfg.Timeout)
 			w.bc.queue(&w.psAddr, f.pkt[:f.plen], nil)
@@ -530,7 +530,7 @@ func (w *Worker) step() (wait int64, err error) {
 				// (MSG_ACK) means the sum is not complete: the data timer stays.
 				f.askedCache = true
 				seq := uint32(op.seqBase + uint64(i))
-				EncodeHeader(f.ctl[:], &bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_RETRANSMIT),
+				wire.EncodeHeader(f.ctl[:], &wire.Header{Version: wire.Version, Type: wire.MsgRetransmit,
 					JobId: w.cfg.JobID, Seq: seq, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
 				if w.cacheAt == nil {
 					w.cacheAt = map[uint32]int64{}
@@ -547,8 +547,8 @@ func (w *Worker) step() (wait int64, err error) {
 			}
 			f.retries++
 			f.sentAt = now
-			flags := binary.LittleEndian.Uint16(f.pkt[offFlags:])
-			binary.LittleEndian.PutUint16(f.pkt[offFlags:], flags|fResend)
+			flags := binary.LittleEndian.Uint16(f.pkt[wire.OffFlags:])
+			binary.LittleEndian.PutUint16(f.pkt[wire.OffFlags:], flags|wire.FlagResend)
 			f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
 			w.bc.queue(&w.psAddr, f.pkt[:f.plen], nil)
 			queued++
@@ -563,7 +563,7 @@ func (w *Worker) step() (wait int64, err error) {
 	for op.next < op.nfrags && op.next < op.low+limit {
 		f := &op.ring[op.next%win]
 		f.idx, f.state, f.repairQueued, f.retries, f.later, f.askedCache = op.next, fragFixed, false, 0, 0, false
-		w.encode(f, encFixed32, 0)
+		w.encode(f, wire.EncFixed32, 0)
 		f.sentAt = now
 		f.deadline = now + int64(w.cfg.Timeout)
 		if w.ctrlSet {
@@ -632,7 +632,7 @@ func (w *Worker) adjustWindow(ecn bool, seq uint32) {
 // the job key, into ackPkt (nil without a valid key). Called with mu held; the buffer stays put
 // until the next ack, which a later step queues only after this one's flush.
 func (w *Worker) encodeAck(upTo uint32) []byte {
-	EncodeHeader(w.ackPkt[:], &bpf.XdpaggHdr{Version: bpf.Version, Type: msgAck, JobId: w.cfg.JobID, Seq: upTo,
+	wire.EncodeHeader(w.ackPkt[:], &wire.Header{Version: wire.Version, Type: wire.MsgAck, JobId: w.cfg.JobID, Seq: upTo,
 		WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
 	return w.sealCtl(w.ackPkt[:])
 }
@@ -644,10 +644,10 @@ func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
 	k := w.cfg.ValuesPerPacket
 	lo := f.idx * k
 	vals := op.data[lo:min(lo+k, len(op.data))]
-	out := f.pkt[bpf.HdrSize : bpf.HdrSize+4*len(vals)]
-	if enc == encFixed32 {
+	out := f.pkt[wire.HdrSize : wire.HdrSize+4*len(vals)]
+	if enc == wire.EncFixed32 {
 		if !quantizeTo(out, vals, w.cfg.ScaleLog2) {
-			flags |= fOverflow // the sum cannot be right in fixed point: ask for the float repair
+			flags |= wire.FlagOverflow // the sum cannot be right in fixed point: ask for the float repair
 		}
 	} else {
 		for j, x := range vals {
@@ -655,9 +655,9 @@ func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
 		}
 	}
 	seq := op.seqBase + uint64(f.idx)
-	h := bpf.XdpaggHdr{
-		Version:   bpf.Version,
-		Type:      msgData,
+	h := wire.Header{
+		Version:   wire.Version,
+		Type:      wire.MsgData,
 		Encoding:  enc,
 		ScaleLog2: w.cfg.ScaleLog2,
 		Flags:     flags,
@@ -670,8 +670,8 @@ func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
 		FanIn0:    w.cfg.NumWorkers,
 		WorkerId:  w.cfg.WorkerID,
 	}
-	EncodeHeader(f.pkt[:], &h)
-	f.plen = bpf.HdrSize + 4*len(vals)
+	wire.EncodeHeader(f.pkt[:], &h)
+	f.plen = wire.HdrSize + 4*len(vals)
 }
 
 // receive is the worker's one receive goroutine: it takes results in batches and writes them
@@ -723,12 +723,12 @@ func (w *Worker) handleResult(i int) {
 		w.st.malformed.Add(1)
 		return
 	}
-	h, vals, err := ParsePacket(b)
-	if err == nil && h.Type == msgAck {
+	h, vals, err := wire.ParsePacket(b)
+	if err == nil && h.Type == wire.MsgAck {
 		w.handleAck(b, &h, from)
 		return
 	}
-	if err != nil || h.Type != msgResult || h.JobId != w.cfg.JobID {
+	if err != nil || h.Type != wire.MsgResult || h.JobId != w.cfg.JobID {
 		w.st.malformed.Add(1)
 		return
 	}
@@ -755,12 +755,12 @@ func (w *Worker) handleResult(i int) {
 		return
 	}
 	switch h.Encoding {
-	case encFixed32:
+	case wire.EncFixed32:
 		if f.state == fragRepair {
 			w.st.duplicates.Add(1) // another copy of the saturated sum: the repair is under way
 			return
 		}
-		if h.Flags&fOverflow != 0 {
+		if h.Flags&wire.FlagOverflow != 0 {
 			// ATP's overflow repair: the sum saturated somewhere, so resend the original floats
 			// to the PS, which sums them exactly. Every worker got this same result, so every
 			// worker repairs, and the float sum completes.
@@ -769,7 +769,7 @@ func (w *Worker) handleResult(i int) {
 			return
 		}
 		dequantizeFrom(dst, vals, h.ScaleLog2)
-	case encFloat32:
+	case wire.EncFloat32:
 		for j := range dst {
 			dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(vals[4*j:]))
 		}
@@ -785,7 +785,7 @@ func (w *Worker) handleResult(i int) {
 	f.state, f.repairQueued = fragDone, false
 	w.st.results.Add(1)
 	if !w.cfg.NoCongestionControl {
-		w.adjustWindow(h.Flags&fECN != 0, h.Seq)
+		w.adjustWindow(h.Flags&wire.FlagECN != 0, h.Seq)
 	}
 	// ATP's loss detection: results arrive in order unless something was lost, so a fragment
 	// that FastLossResults later results have overtaken is resent now rather than at its
@@ -811,10 +811,10 @@ func (w *Worker) handleResult(i int) {
 			}
 		}
 	}
-	if h.Flags&fShadow != 0 {
+	if h.Flags&wire.FlagShadow != 0 {
 		w.st.shadow.Add(1)
 	}
-	if h.Flags&fCached != 0 {
+	if h.Flags&wire.FlagCached != 0 {
 		w.st.cacheResults.Add(1)
 		if at, ok := w.cacheAt[h.Seq]; ok {
 			w.st.cacheLatNs.Add(uint64(int64(time.Since(w.epoch)) - at))
@@ -822,13 +822,13 @@ func (w *Worker) handleResult(i int) {
 			delete(w.cacheAt, h.Seq)
 		}
 	}
-	if h.Flags&fFromSwitch == 0 {
+	if h.Flags&wire.FlagFromSwitch == 0 {
 		w.st.fromPS.Add(1)
 	}
-	if h.Flags&fCollision != 0 {
+	if h.Flags&wire.FlagCollision != 0 {
 		w.st.collisions.Add(1)
 	}
-	if h.Flags&fRehash != 0 && h.Flags&fLevel1 == 0 && h.Bitmap1 < w.cfg.PoolSize {
+	if h.Flags&wire.FlagRehash != 0 && h.Flags&wire.FlagLevel1 == 0 && h.Bitmap1 < w.cfg.PoolSize {
 		// ATP: this offset's later fragments use the PS's new slot. Every worker gets this
 		// result before it sends the offset's next fragment (seq + 2W), so they move together.
 		seq := op.seqBase + uint64(off)

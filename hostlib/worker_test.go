@@ -12,14 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 func TestWorkerConfigDefaults(t *testing.T) {
 	c := WorkerConfig{JobID: 1, NumWorkers: 2, PS: netip.MustParseAddrPort("[::ffff:10.0.0.1]:0")}.WithDefaults()
 	want := WorkerConfig{JobID: 1, NumWorkers: 2, PS: netip.MustParseAddrPort("10.0.0.1:9510"),
 		Local: netip.AddrPortFrom(netip.Addr{}, 0), PoolSize: 4096, Window: 64, ScaleLog2: 24,
-		Timeout: 20 * time.Millisecond, MaxRetries: 50, SocketBuffer: 8 << 20, ValuesPerPacket: bpf.StdValues}
+		Timeout: 20 * time.Millisecond, MaxRetries: 50, SocketBuffer: 8 << 20, ValuesPerPacket: wire.StdValues}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
 	}
@@ -202,8 +202,8 @@ func TestWorkerDropsForeignPackets(t *testing.T) {
 	defer other.Close()
 	_, data := validData(3) // a DATA packet of job 7: not a result, not our job
 	res := append([]byte(nil), data...)
-	res[offType] = msgResult
-	res[offJob] = 3 // our job, but no AllReduce is running: a duplicate
+	res[wire.OffType] = wire.MsgResult
+	res[wire.OffJob] = 3 // our job, but no AllReduce is running: a duplicate
 	pkts := [][]byte{{1, 2, 3}, data, make([]byte, 3000), res}
 	for _, c := range []*net.UDPConn{other, ps} {
 		for _, b := range pkts {
@@ -230,11 +230,11 @@ func TestWorkerUsesItsSlots(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, vals, err := ParsePacket(buf[:n])
+		h, vals, err := wire.ParsePacket(buf[:n])
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := bpf.XdpaggHdr{Version: bpf.Version, Type: msgData, Encoding: encFixed32, ScaleLog2: 24,
+		want := wire.Header{Version: wire.Version, Type: wire.MsgData, Encoding: wire.EncFixed32, ScaleLog2: 24,
 			Count: uint16(K), JobId: 3, Seq: uint32(i), AggIndex: AggIndex(3, uint64(i), 4, 64), Bitmap0: 1, Bitmap1: 4, FanIn0: 2}
 		if h != want || len(vals) != 4*K {
 			t.Fatalf("fragment %d header %+v, want %+v", i, h, want)
@@ -253,4 +253,16 @@ func blackHoleConn(t *testing.T) *net.UDPConn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// validData is a DATA packet of job 7 that the switch accepts, with n values.
+func validData(n int) (wire.Header, []byte) {
+	h := wire.Header{Version: wire.Version, Type: wire.MsgData, Encoding: wire.EncFixed32, ScaleLog2: 24,
+		Count: uint16(n), JobId: 7, Seq: 9, AggIndex: 3, Bitmap0: 1 << 2, FanIn0: 4, WorkerId: 2}
+	b := make([]byte, wire.HdrSize+4*n)
+	wire.EncodeHeader(b, &h)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint32(b[wire.HdrSize+4*i:], uint32(i*1000-7))
+	}
+	return h, b
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Sentinel errors of job admission and membership.
@@ -62,8 +63,8 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 	case j.MaxSlots == 0:
 		return v, fmt.Errorf("%w: slot quota 0", ErrBadJob)
 	}
-	v.PsIp = ipToNetwork(j.PS.Addr())
-	v.PsPort = swap16(j.PS.Port())
+	v.PsIp = wire.IPv4ToMap(j.PS.Addr())
+	v.PsPort = wire.PortToMap(j.PS.Port())
 	v.PsIfindex = j.PSIfindex
 	v.FanIn = j.Workers
 	v.MaxSlots = j.MaxSlots
@@ -71,12 +72,9 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 }
 
 func decodeJob(id uint32, v bpf.XdpaggJob) Job {
-	return Job{JobID: id, PS: netip.AddrPortFrom(ipFromNetwork(v.PsIp), swap16(v.PsPort)), PSIfindex: v.PsIfindex,
+	return Job{JobID: id, PS: netip.AddrPortFrom(wire.IPv4FromMap(v.PsIp), wire.PortFromMap(v.PsPort)), PSIfindex: v.PsIfindex,
 		Workers: v.FanIn, MaxSlots: v.MaxSlots, Held: v.Held}
 }
-
-// swap16 converts a port between host order and network order kept in a host-order field.
-func swap16(p uint16) uint16 { return p>>8 | p<<8 }
 
 // AddJob admits a job with its control key (KeySize bytes). It fails with ErrJobExists if the id
 // is taken: a job's PS and fan-in never change while it exists (remove and add it again).
@@ -265,21 +263,11 @@ func (mb Member) encode() (bpf.XdpaggMemberKey, bpf.XdpaggMember, error) {
 	}
 	copy(v.DstMac[:], mb.MAC)
 	copy(v.SrcMac[:], mb.PortMAC)
-	v.DstIp = ipToNetwork(mb.Addr.Addr())
-	v.SrcIp = ipToNetwork(mb.SrcIP)
-	v.DstPort = swap16(mb.Addr.Port()) // network byte order in a host-order (little-endian) field
+	v.DstIp = wire.IPv4ToMap(mb.Addr.Addr())
+	v.SrcIp = wire.IPv4ToMap(mb.SrcIP)
+	v.DstPort = wire.PortToMap(mb.Addr.Port()) // network byte order in a host-order (little-endian) field
 	v.WorkerId = mb.WorkerID
 	return k, v, nil
-}
-
-// ipToNetwork returns the uint32 whose in-memory (little-endian) bytes are the address in network order.
-func ipToNetwork(a netip.Addr) uint32 {
-	b := a.As4()
-	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
-}
-
-func ipFromNetwork(v uint32) netip.Addr {
-	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
 }
 
 // PutMember adds or replaces a member of an admitted job behind a port: where the job's results
@@ -295,7 +283,7 @@ func (m *Maps) PutMember(mb Member) error {
 		}
 		return fmt.Errorf("read job %d: %w", mb.JobID, err)
 	}
-	ps := ipFromNetwork(jv.PsIp)
+	ps := wire.IPv4FromMap(jv.PsIp)
 	if !mb.SrcIP.IsValid() || mb.SrcIP.IsUnspecified() {
 		mb.SrcIP = ps
 	}
@@ -344,7 +332,7 @@ func (m *Maps) Worker(job uint32, id uint8) (Contributor, error) {
 	if err := m.Workers.Lookup(&k, &v); err != nil {
 		return Contributor{}, fmt.Errorf("read worker %d of job %d: %w", id, job, err)
 	}
-	return Contributor{Addr: netip.AddrPortFrom(ipFromNetwork(v.Ip), swap16(v.Port)), Ifindex: v.Ifindex}, nil
+	return Contributor{Addr: netip.AddrPortFrom(wire.IPv4FromMap(v.Ip), wire.PortFromMap(v.Port)), Ifindex: v.Ifindex}, nil
 }
 
 // PutWorker lets worker id of job contribute from addr through switch port ifindex (the
@@ -354,7 +342,7 @@ func (m *Maps) PutWorker(job uint32, id uint8, addr netip.AddrPort, ifindex uint
 		return fmt.Errorf("%w: job %d worker %d at %v: need job > 0, worker 0..%d, IPv4", ErrBadMember, job, id, addr, bpf.MaxWorkers-1)
 	}
 	k := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(id)}
-	v := bpf.XdpaggWorker{Ip: ipToNetwork(addr.Addr()), Ifindex: ifindex, Port: swap16(addr.Port())}
+	v := bpf.XdpaggWorker{Ip: wire.IPv4ToMap(addr.Addr()), Ifindex: ifindex, Port: wire.PortToMap(addr.Port())}
 	if err := m.Workers.Put(&k, &v); err != nil {
 		return fmt.Errorf("write worker %d of job %d: %w", id, job, err)
 	}

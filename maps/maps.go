@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Sentinel errors.
@@ -324,13 +325,13 @@ func (m *Maps) ResetSlots() error {
 }
 
 func decodeMember(k bpf.XdpaggMemberKey, v bpf.XdpaggMember) Member {
-	p := v.DstPort>>8 | v.DstPort<<8
+	p := wire.PortFromMap(v.DstPort)
 	return Member{
 		JobID: k.JobId, WorkerID: v.WorkerId, Ifindex: k.Ifindex,
-		Addr:    netip.AddrPortFrom(ipFromNetwork(v.DstIp), p),
+		Addr:    netip.AddrPortFrom(wire.IPv4FromMap(v.DstIp), p),
 		MAC:     net.HardwareAddr(append([]byte(nil), v.DstMac[:]...)),
 		PortMAC: net.HardwareAddr(append([]byte(nil), v.SrcMac[:]...)),
-		SrcIP:   ipFromNetwork(v.SrcIp),
+		SrcIP:   wire.IPv4FromMap(v.SrcIp),
 	}
 }
 

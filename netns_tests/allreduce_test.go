@@ -11,15 +11,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/netns_tests/testbed"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
-const K = bpf.StdValues // values per packet at the topology's 1500-byte MTU
+const K = wire.StdValues // values per packet at the topology's 1500-byte MTU
 
 // newBed builds a testbed torn down (and checked for leftovers) when the test ends. Before the
 // teardown, every host is checked for UDP datagrams with a bad checksum (checkUDPChecksums).
@@ -328,15 +328,15 @@ func origs(gen func(r *rand.Rand) float32, seed uint64, w, n int) []origVal {
 
 var _ = loader.Config{}
 
-// Larger frames carry more values per packet: at MTU 3388 a fragment holds bpf.MaxValues (832),
+// Larger frames carry more values per packet: at MTU 3388 a fragment holds wire.MaxValues (832),
 // still a linear XDP buffer on veth, so the broadcast can clone it.
 func TestAllReduceLargeFrames(t *testing.T) {
 	const w = 4
-	mtu := 20 + 8 + bpf.HdrSize + 4*bpf.MaxValues
+	mtu := 20 + 8 + wire.HdrSize + 4*wire.MaxValues
 	b := newBed(t, testbed.Options{Workers: w, MTU: mtu})
 	k := b.ValuesPerPacket()
-	if k != bpf.MaxValues {
-		t.Fatalf("MTU %d gives %d values per packet, want %d", mtu, k, bpf.MaxValues)
+	if k != wire.MaxValues {
+		t.Fatalf("MTU %d gives %d values per packet, want %d", mtu, k, wire.MaxValues)
 	}
 	var frags uint64
 	for _, n := range []int{1, k - 1, k, k + 1, 1 << 18} {

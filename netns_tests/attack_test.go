@@ -7,11 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
-	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Attacks on a running job (docs/security.md). Each test runs `xdpagg switch`, admits job 42 of
@@ -59,8 +58,8 @@ func TestAttackForgedResults(t *testing.T) {
 	before := e.counters(t)
 	const n = 200
 	res := func(seq, idx uint32) []byte {
-		return xpkt(bpf.XdpaggHdr{Type: uint8(bpf.XdpaggMsgTypeMSG_RESULT), JobId: victimJob, Seq: seq, AggIndex: idx,
-			Bitmap0: 7, FanIn0: 3, Flags: uint16(bpf.XdpaggFlagF_FROM_SWITCH)}, K, 1<<24)
+		return xpkt(wire.Header{Type: wire.MsgResult, JobId: victimJob, Seq: seq, AggIndex: idx,
+			Bitmap0: 7, FanIn0: 3, Flags: wire.FlagFromSwitch}, K, 1<<24)
 	}
 	var seq uint32
 	during(func() {
@@ -98,10 +97,10 @@ func TestAttackJoinTakeover(t *testing.T) {
 	w0 := e.tp.Workers[0]
 	me := e.atk.h
 	join := func(worker uint8, resultIP netip.Addr, key []byte, stamp uint64) []byte {
-		h := bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_JOIN), JobId: victimJob, Seq: 77,
+		h := wire.Header{Version: wire.Version, Type: wire.MsgJoin, JobId: victimJob, Seq: 77,
 			FanIn0: 3, WorkerId: worker, Bitmap0: 1 << worker}
-		b := make([]byte, bpf.HdrSize, bpf.HdrSize+12+ctlauth.TrailerSize)
-		hostlib.EncodeHeader(b, &h)
+		b := make([]byte, wire.HdrSize, wire.HdrSize+12+ctlauth.TrailerSize)
+		wire.EncodeHeader(b, &h)
 		b = append(b, me.MAC...)
 		b = append(b, 0, 0)
 		ip := [4]byte{}
@@ -180,7 +179,7 @@ func TestAttackSpoofedData(t *testing.T) {
 	e := newAttackEnv(t)
 	w1, ps := e.tp.Workers[1], e.tp.PS
 	data := func(seq uint32) []byte {
-		return xpkt(bpf.XdpaggHdr{Type: uint8(bpf.XdpaggMsgTypeMSG_DATA), JobId: victimJob, Seq: seq, AggIndex: seq % e.pool,
+		return xpkt(wire.Header{Type: wire.MsgData, JobId: victimJob, Seq: seq, AggIndex: seq % e.pool,
 			Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, K, 1<<28)
 	}
 	before := e.counters(t)
@@ -208,7 +207,7 @@ func TestAttackIPOptionsAndFragments(t *testing.T) {
 	e := newAttackEnv(t)
 	w1, ps := e.tp.Workers[1], e.tp.PS
 	// 100 values: room for IP options within the 1500-byte MTU.
-	payload := xpkt(bpf.XdpaggHdr{Type: uint8(bpf.XdpaggMsgTypeMSG_DATA), JobId: victimJob, Seq: 5, AggIndex: 5,
+	payload := xpkt(wire.Header{Type: wire.MsgData, JobId: victimJob, Seq: 5, AggIndex: 5,
 		Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 100, 1<<28)
 	before := e.counters(t)
 	const n = 50
@@ -252,8 +251,8 @@ func TestAttackDirectResult(t *testing.T) {
 	e := newAttackEnv(t)
 	w0 := e.tp.Workers[0]
 	res := func(seq uint32) []byte {
-		return xpkt(bpf.XdpaggHdr{Type: uint8(bpf.XdpaggMsgTypeMSG_RESULT), JobId: victimJob, Seq: seq, AggIndex: seq % e.pool,
-			Bitmap0: 7, FanIn0: 3, Flags: uint16(bpf.XdpaggFlagF_FROM_SWITCH)}, K, 1<<27)
+		return xpkt(wire.Header{Type: wire.MsgResult, JobId: victimJob, Seq: seq, AggIndex: seq % e.pool,
+			Bitmap0: 7, FanIn0: 3, Flags: wire.FlagFromSwitch}, K, 1<<27)
 	}
 	var seq uint32
 	during(func() {
@@ -284,9 +283,9 @@ func TestAttackControlFlood(t *testing.T) {
 	me := e.atk.h
 	before := e.counters(t)
 	join := func(job uint32) []byte {
-		h := bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_JOIN), JobId: job, Seq: job, FanIn0: 1}
-		b := make([]byte, bpf.HdrSize, bpf.HdrSize+12+ctlauth.TrailerSize)
-		hostlib.EncodeHeader(b, &h)
+		h := wire.Header{Version: wire.Version, Type: wire.MsgJoin, JobId: job, Seq: job, FanIn0: 1}
+		b := make([]byte, wire.HdrSize, wire.HdrSize+12+ctlauth.TrailerSize)
+		wire.EncodeHeader(b, &h)
 		b = append(b, me.MAC...)
 		b = append(b, make([]byte, 6+ctlauth.TrailerSize)...)
 		return b
@@ -339,7 +338,7 @@ func TestAttackTenantFlood(t *testing.T) {
 	before := a.counters(t)
 	data := func(seq uint32, flags uint16) []byte {
 		// Fan-in 2 from a job of one worker: the slot never completes, so it stays held.
-		return xpkt(bpf.XdpaggHdr{Type: uint8(bpf.XdpaggMsgTypeMSG_DATA), JobId: 44, Seq: seq, AggIndex: seq % a.pool,
+		return xpkt(wire.Header{Type: wire.MsgData, JobId: 44, Seq: seq, AggIndex: seq % a.pool,
 			Bitmap0: 1, FanIn0: 2, WorkerId: 0, Flags: flags}, K, 1)
 	}
 	var seq uint32
@@ -347,7 +346,7 @@ func TestAttackTenantFlood(t *testing.T) {
 		for range n {
 			seq++
 			atk.send(t, atk.from(me.IP, hostile.port, tp.PS.IP, aggPort, data(seq, 0)), 1)
-			atk.send(t, atk.from(me.IP, hostile.port, tp.PS.IP, aggPort, data(seq+1<<20, uint16(bpf.XdpaggFlagF_RESEND))), 1)
+			atk.send(t, atk.from(me.IP, hostile.port, tp.PS.IP, aggPort, data(seq+1<<20, wire.FlagResend)), 1)
 		}
 	}
 	flood(int(a.pool)) // one fragment at every slot of the pool first

@@ -14,13 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/wire"
+	"golang.org/x/sys/unix"
 )
 
 // The attacker's toolkit for the netns attack tests (docs/security.md): an `xdpagg switch`
@@ -244,11 +243,11 @@ func (f frame) bytes() []byte {
 }
 
 // xpkt encodes an xdpagg header and n values (all v).
-func xpkt(h bpf.XdpaggHdr, n int, v int32) []byte {
-	h.Version = bpf.Version
+func xpkt(h wire.Header, n int, v int32) []byte {
+	h.Version = wire.Version
 	h.Count = uint16(n)
-	b := make([]byte, bpf.HdrSize, bpf.HdrSize+4*n)
-	hostlib.EncodeHeader(b, &h)
+	b := make([]byte, wire.HdrSize, wire.HdrSize+4*n)
+	wire.EncodeHeader(b, &h)
 	for range n {
 		b = binary.LittleEndian.AppendUint32(b, uint32(v))
 	}
@@ -320,13 +319,13 @@ func (a *attacker) sniff() {
 			continue
 		}
 		ihl := int(p[14]&0xf) * 4
-		if len(p) < 14+ihl+8+bpf.HdrSize {
+		if len(p) < 14+ihl+8+wire.HdrSize {
 			continue
 		}
 		x := p[14+ihl+8:]
 		a.mu.Lock()
 		a.anyUDP++
-		if x[0] == bpf.Version && x[1] == uint8(bpf.XdpaggMsgTypeMSG_RESULT) {
+		if x[0] == wire.Version && x[1] == wire.MsgResult {
 			a.seen[binary.LittleEndian.Uint32(x[8:])]++
 		}
 		a.mu.Unlock()

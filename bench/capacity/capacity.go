@@ -24,12 +24,13 @@ import (
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Defaults and limits of Options.
 const (
 	// DefaultValues fill a standard 1500-byte MTU: 1500 - 20 (IPv4) - 8 (UDP) - 32 (header) =
-	// 1440 bytes. Larger Values (up to bpf.MaxValues) run over veths with a larger MTU.
+	// 1440 bytes. Larger Values (up to wire.MaxValues) run over veths with a larger MTU.
 	DefaultValues   = 360
 	DefaultWorkers  = 4
 	DefaultDuration = 2 * time.Second
@@ -44,7 +45,7 @@ const (
 
 	// aggregateWorkers contribute to every fragment of the non-completing "aggregate" path: one
 	// fewer than its fan-in, so no fragment ever completes.
-	aggregateWorkers = bpf.MaxWorkers - 1
+	aggregateWorkers = wire.MaxWorkers - 1
 )
 
 // Keys of Result.RunNsPerPacket.
@@ -66,8 +67,8 @@ var (
 
 // Options configures Measure. Zero fields take their defaults.
 type Options struct {
-	Values   int           // values per packet, 1..bpf.MaxValues (default DefaultValues = 360)
-	Workers  int           // fan-in of the synthetic job, 1..bpf.MaxWorkers (default 4); also the number of switch ports
+	Values   int           // values per packet, 1..wire.MaxValues (default DefaultValues = 360)
+	Workers  int           // fan-in of the synthetic job, 1..wire.MaxWorkers (default 4); also the number of switch ports
 	Duration time.Duration // per live-frame measurement (default 2s)
 	Batch    int           // live-frames batch size, 1..256 (default 64)
 	// Window is how many consecutive fragments each worker sends before the next worker's
@@ -98,10 +99,10 @@ func (o Options) withDefaults() (Options, error) {
 		o.Window = DefaultWindow
 	}
 	switch {
-	case o.Values < 1 || o.Values > bpf.MaxValues:
-		return o, fmt.Errorf("%w: %d values per packet: use 1..%d", ErrOptions, o.Values, bpf.MaxValues)
-	case o.Workers < 1 || o.Workers > bpf.MaxWorkers:
-		return o, fmt.Errorf("%w: %d workers: use 1..%d", ErrOptions, o.Workers, bpf.MaxWorkers)
+	case o.Values < 1 || o.Values > wire.MaxValues:
+		return o, fmt.Errorf("%w: %d values per packet: use 1..%d", ErrOptions, o.Values, wire.MaxValues)
+	case o.Workers < 1 || o.Workers > wire.MaxWorkers:
+		return o, fmt.Errorf("%w: %d workers: use 1..%d", ErrOptions, o.Workers, wire.MaxWorkers)
 	case o.Duration < time.Millisecond:
 		return o, fmt.Errorf("%w: duration %v: use at least 1ms", ErrOptions, o.Duration)
 	case o.Batch < 1 || o.Batch > MaxBatch:
@@ -199,7 +200,7 @@ func Measure(ctx context.Context, opt Options) (res Result, err error) {
 	}
 
 	// Veths take frames up to their MTU: make room for opt.Values.
-	mtu := max(topo.DefaultMTU, 20+8+bpf.HdrSize+4*opt.Values)
+	mtu := max(topo.DefaultMTU, 20+8+wire.HdrSize+4*opt.Values)
 	t, err := topo.New(topo.Config{Workers: opt.Workers, MTU: mtu, HostXDP: objs.XdpSink})
 	if err != nil {
 		return Result{}, fmt.Errorf("build switch topology: %w", err)
@@ -335,7 +336,7 @@ func (b *bench) setup() error {
 	}
 	last := b.topo.Workers[len(b.topo.Workers)-1]
 	if err := b.sw.Maps.AddJob(maps.Job{JobID: jobID, PS: netip.AddrPortFrom(psIP, loader.DefaultPort), PSIfindex: uint32(last.PortIndex),
-		Workers: uint8(bpf.MaxWorkers), MaxSlots: b.sw.Maps.PoolSize()}, key); err != nil {
+		Workers: uint8(wire.MaxWorkers), MaxSlots: b.sw.Maps.PoolSize()}, key); err != nil {
 		return fmt.Errorf("admit the job: %w", err)
 	}
 	for w, h := range b.topo.Workers {
@@ -355,7 +356,7 @@ func (b *bench) setup() error {
 	// The generator sends every worker's contribution from worker 0's frame (its address, UDP
 	// port and switch port), so that is where the ingress membership check must expect them.
 	h0 := b.topo.Workers[0]
-	for w := range bpf.MaxWorkers { // the "aggregate" path runs 31 of a fan-in of 32
+	for w := range wire.MaxWorkers { // the "aggregate" path runs 31 of a fan-in of 32
 		if err := b.sw.Maps.PutWorker(jobID, uint8(w), netip.AddrPortFrom(h0.IP, memberUDP), uint32(b.ingress)); err != nil {
 			return fmt.Errorf("enroll worker %d: %w", w, err)
 		}
@@ -372,9 +373,9 @@ func (b *bench) setup() error {
 // fanIn, as it arrives at its switch port.
 func (b *bench) dataFrame(fanIn int) ([]byte, error) {
 	h0 := b.topo.Workers[0]
-	payload, err := xdpaggPayload(bpf.XdpaggHdr{
-		Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_DATA),
-		Encoding: uint8(bpf.XdpaggEncodingENC_FIXED32), ScaleLog2: 16,
+	payload, err := xdpaggPayload(wire.Header{
+		Version: wire.Version, Type: wire.MsgData,
+		Encoding: wire.EncFixed32, ScaleLog2: 16,
 		Count: uint16(b.opt.Values), JobId: jobID, Seq: seqBase, AggIndex: 0,
 		Bitmap0: 1, FanIn0: uint8(fanIn), WorkerId: 0,
 	}, b.vals)
@@ -383,7 +384,7 @@ func (b *bench) dataFrame(fanIn int) ([]byte, error) {
 	}
 	return udpFrame(endpoints{
 		dstMAC: h0.PortMAC, srcMAC: h0.MAC, srcIP: h0.IP, dstIP: psIP,
-		srcPort: memberUDP, dstPort: bpf.DefaultPort,
+		srcPort: memberUDP, dstPort: wire.DefaultPort,
 	}, payload)
 }
 
@@ -625,7 +626,7 @@ func (b *bench) measurePaths(ctx context.Context) error {
 	resetSlots := func() error { return b.sw.Maps.ResetSlots() }
 	// Fan-in 32 for the duplicate frame, so that its first run does not complete (and rewrite)
 	// it whatever opt.Workers is: without live frames the program reruns the very same buffer.
-	dup, err := b.dataFrame(bpf.MaxWorkers)
+	dup, err := b.dataFrame(wire.MaxWorkers)
 	if err != nil {
 		return err
 	}
@@ -639,7 +640,7 @@ func (b *bench) measurePaths(ctx context.Context) error {
 		// 31 workers of a fan-in of 32: no fragment completes, every packet is summed into its
 		// slot (the first of each fragment reserves the slot: the same value loop).
 		{PathAggregate, func() error {
-			return b.prepare(b.sw.Objects.XdpaggSwitch, aggregateWorkers, bpf.MaxWorkers, b.pool)
+			return b.prepare(b.sw.Objects.XdpaggSwitch, aggregateWorkers, wire.MaxWorkers, b.pool)
 		}, b.objs.XdpGen, b.frame, func(d maps.Counters) bool {
 			return d[maps.CntAggregated] == d[maps.CntRx] && d[maps.CntRx] >= n && d[maps.CntCompleted] == 0 && errorCount(d) == 0
 		}},

@@ -11,7 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 func TestMeasure(t *testing.T) {
@@ -68,7 +68,7 @@ func TestOptions(t *testing.T) {
 	if o.Values != DefaultValues || o.Workers != DefaultWorkers || o.Duration != DefaultDuration || o.Batch != DefaultBatch || o.Window != DefaultWindow {
 		t.Errorf("defaults: %+v", o)
 	}
-	for _, bad := range []Options{{Values: bpf.MaxValues + 1}, {Workers: 33}, {Batch: 257}, {Window: -1}, {Duration: time.Microsecond}} {
+	for _, bad := range []Options{{Values: wire.MaxValues + 1}, {Workers: 33}, {Batch: 257}, {Window: -1}, {Duration: time.Microsecond}} {
 		if _, err := bad.withDefaults(); !errors.Is(err, ErrOptions) {
 			t.Errorf("%+v: err %v, want ErrOptions", bad, err)
 		}

@@ -8,7 +8,7 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Frame layout of an xdpagg packet: Ethernet, IPv4 without options, UDP, xdpagg header, values.
@@ -16,7 +16,7 @@ const (
 	offIP   = 14
 	offUDP  = offIP + 20
 	offHdr  = offUDP + 8
-	offVals = offHdr + bpf.HdrSize
+	offVals = offHdr + wire.HdrSize
 )
 
 // endpoints are the addresses of a frame.
@@ -69,11 +69,8 @@ func udpFrame(e endpoints, payload []byte) ([]byte, error) {
 }
 
 // xdpaggPayload is the UDP payload of an xdpagg packet: the header (little-endian) and values.
-func xdpaggPayload(h bpf.XdpaggHdr, vals []int32) ([]byte, error) {
-	b := make([]byte, bpf.HdrSize, bpf.HdrSize+4*len(vals))
-	if _, err := binary.Encode(b, binary.LittleEndian, &h); err != nil {
-		return nil, fmt.Errorf("encode xdpagg header: %w", err)
-	}
+func xdpaggPayload(h wire.Header, vals []int32) ([]byte, error) {
+	b := wire.AppendHeader(make([]byte, 0, wire.HdrSize+4*len(vals)), &h)
 	for _, v := range vals {
 		b = binary.LittleEndian.AppendUint32(b, uint32(v))
 	}

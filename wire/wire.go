@@ -1,0 +1,274 @@
+// Package wire is the xdpagg wire format on the host side, in one place and free of Linux: the
+// 32-byte header (struct hdr of bpf/xdpagg.h) and its little-endian codec, the rules that make an
+// xdpagg UDP payload well formed (ParsePacket, the switch's rules of docs/protocol.md), the
+// protocol's constants under Go names, and the byte-order helpers for addresses and ports kept in
+// the switch's maps.
+//
+// The package imports only the standard library, so that it builds anywhere; the bpf package's
+// bpf2go types and constants are Linux-only. wire_linux_test.go pins every constant, offset and
+// the Header layout to them, and bpf/wire_diff_test.go checks ParsePacket against the XDP switch.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"structs"
+)
+
+// Protocol limits (enum limit of bpf/xdpagg.h).
+const (
+	// Version is the only header version there is (XAGG_VERSION).
+	Version = uint8(1)
+	// DefaultPort is the UDP port of xdpagg traffic unless configured otherwise.
+	DefaultPort = uint16(9510)
+	// MaxValues is the most 32-bit values one packet may carry (at an MTU of 3388 or more).
+	MaxValues = 832
+	// StdValues is how many values fill a packet at the standard 1500-byte MTU (K).
+	StdValues = 360
+	// MaxWorkers is the number of workers one job can have at one aggregation level.
+	MaxWorkers = 32
+	// HdrSize is the size of the xdpagg header on the wire.
+	HdrSize = 32
+	// CtlAuthSize is the size of a control message's authentication trailer (struct ctl_auth).
+	CtlAuthSize = 24
+	// MaxPacket is the largest xdpagg UDP payload: the header and MaxValues 4-byte values.
+	MaxPacket = HdrSize + 4*MaxValues
+)
+
+// Message types (enum msg_type), typed as Header.Type.
+const (
+	MsgData       = uint8(1)
+	MsgResult     = uint8(2)
+	MsgJoin       = uint8(3)
+	MsgLeave      = uint8(4)
+	MsgReset      = uint8(5) // reserved: malformed
+	MsgAck        = uint8(6)
+	MsgRetransmit = uint8(7)
+	MsgHeartbeat  = uint8(8) // reserved: malformed
+)
+
+// Value encodings (enum encoding), typed as Header.Encoding.
+const (
+	EncFixed32  = uint8(0)
+	EncFloat32  = uint8(1)
+	EncSparseKV = uint8(2) // reserved: malformed in DATA and RESULT
+)
+
+// Header flags (enum flag), typed as Header.Flags.
+const (
+	FlagResend     = uint16(1 << 0)
+	FlagCollision  = uint16(1 << 1)
+	FlagECN        = uint16(1 << 2)
+	FlagOverflow   = uint16(1 << 3)
+	FlagLevel1     = uint16(1 << 4)
+	FlagFromSwitch = uint16(1 << 5)
+	FlagShadow     = uint16(1 << 6)
+	FlagCached     = uint16(1 << 7)
+	FlagRehash     = uint16(1 << 8)
+)
+
+// Byte offsets of struct hdr's fields. The header is little-endian throughout, so the switch adds
+// values without byte swaps; TestHeaderLayout pins these offsets to bpf.XdpaggHdr.
+const (
+	OffVersion  = 0
+	OffType     = 1
+	OffEncoding = 2
+	OffScale    = 3
+	OffFlags    = 4
+	OffCount    = 6
+	OffJob      = 8
+	OffSeq      = 12
+	OffAggIndex = 16
+	OffBitmap0  = 20
+	OffBitmap1  = 24
+	OffFanIn0   = 28
+	OffFanIn1   = 29
+	OffWorkerID = 30
+	OffReserved = 31
+)
+
+// Header is struct hdr of bpf/xdpagg.h: the same fields, names, types and layout as bpf2go's
+// bpf.XdpaggHdr (wire_linux_test.go checks it), which stays Linux-only. Go does not convert one to
+// the other (their blank HostLayout fields belong to different packages): code that has a
+// bpf.XdpaggHdr copies it field by field or goes through the wire encoding.
+type Header struct {
+	_         structs.HostLayout
+	Version   uint8
+	Type      uint8
+	Encoding  uint8
+	ScaleLog2 uint8
+	Flags     uint16
+	Count     uint16
+	JobId     uint32
+	Seq       uint32
+	AggIndex  uint32
+	Bitmap0   uint32
+	Bitmap1   uint32
+	FanIn0    uint8
+	FanIn1    uint8
+	WorkerId  uint8
+	Reserved  uint8
+}
+
+// LevelBits returns the contributor bitmap and fan-in of the aggregation level a DATA packet
+// belongs to: bitmap1/fan_in1 for partial sums from first-level switches (F_LEVEL1), else level 0.
+func (h *Header) LevelBits() (bitmap uint32, fanIn uint8) {
+	if h.Flags&FlagLevel1 != 0 {
+		return h.Bitmap1, h.FanIn1
+	}
+	return h.Bitmap0, h.FanIn0
+}
+
+// EncodeHeader writes h into dst[:HdrSize] in wire order (little-endian, C offsets). It panics if
+// dst is shorter, like binary.LittleEndian.PutUint32.
+func EncodeHeader(dst []byte, h *Header) {
+	_ = dst[HdrSize-1] // one bounds check for all the stores below
+	dst[OffVersion] = h.Version
+	dst[OffType] = h.Type
+	dst[OffEncoding] = h.Encoding
+	dst[OffScale] = h.ScaleLog2
+	binary.LittleEndian.PutUint16(dst[OffFlags:], h.Flags)
+	binary.LittleEndian.PutUint16(dst[OffCount:], h.Count)
+	binary.LittleEndian.PutUint32(dst[OffJob:], h.JobId)
+	binary.LittleEndian.PutUint32(dst[OffSeq:], h.Seq)
+	binary.LittleEndian.PutUint32(dst[OffAggIndex:], h.AggIndex)
+	binary.LittleEndian.PutUint32(dst[OffBitmap0:], h.Bitmap0)
+	binary.LittleEndian.PutUint32(dst[OffBitmap1:], h.Bitmap1)
+	dst[OffFanIn0] = h.FanIn0
+	dst[OffFanIn1] = h.FanIn1
+	dst[OffWorkerID] = h.WorkerId
+	dst[OffReserved] = h.Reserved
+}
+
+// AppendHeader appends h in wire order to dst.
+func AppendHeader(dst []byte, h *Header) []byte {
+	n := len(dst)
+	dst = append(dst, make([]byte, HdrSize)...)
+	EncodeHeader(dst[n:], h)
+	return dst
+}
+
+// DecodeHeader is EncodeHeader's inverse: it reads b[:HdrSize] into h, checking nothing. It panics
+// if b is shorter.
+func DecodeHeader(b []byte, h *Header) {
+	_ = b[HdrSize-1]
+	h.Version = b[OffVersion]
+	h.Type = b[OffType]
+	h.Encoding = b[OffEncoding]
+	h.ScaleLog2 = b[OffScale]
+	h.Flags = binary.LittleEndian.Uint16(b[OffFlags:])
+	h.Count = binary.LittleEndian.Uint16(b[OffCount:])
+	h.JobId = binary.LittleEndian.Uint32(b[OffJob:])
+	h.Seq = binary.LittleEndian.Uint32(b[OffSeq:])
+	h.AggIndex = binary.LittleEndian.Uint32(b[OffAggIndex:])
+	h.Bitmap0 = binary.LittleEndian.Uint32(b[OffBitmap0:])
+	h.Bitmap1 = binary.LittleEndian.Uint32(b[OffBitmap1:])
+	h.FanIn0 = b[OffFanIn0]
+	h.FanIn1 = b[OffFanIn1]
+	h.WorkerId = b[OffWorkerID]
+	h.Reserved = b[OffReserved]
+}
+
+// PacketFlags returns the flags of the encoded header at the start of b; SetPacketFlags rewrites
+// them in place. Both panic if b is shorter than the flags field.
+func PacketFlags(b []byte) uint16 { return binary.LittleEndian.Uint16(b[OffFlags:]) }
+
+// SetPacketFlags stores fl as the flags of the encoded header at the start of b.
+func SetPacketFlags(b []byte, fl uint16) { binary.LittleEndian.PutUint16(b[OffFlags:], fl) }
+
+// ErrMalformed is what every ParsePacket error wraps.
+var ErrMalformed = errors.New("malformed xdpagg packet")
+
+// ParsePacket's errors, made once: parsing sits on every receive path, and a flood of garbage must
+// not turn into a flood of allocations. Each wraps ErrMalformed.
+var (
+	ErrShort    = fmt.Errorf("%w: shorter than the %d-byte header", ErrMalformed, HdrSize)
+	ErrVersion  = fmt.Errorf("%w: unknown version (want %d)", ErrMalformed, Version)
+	ErrReserved = fmt.Errorf("%w: reserved byte is not 0", ErrMalformed)
+	ErrType     = fmt.Errorf("%w: unknown or reserved message type", ErrMalformed)
+	ErrCount    = fmt.Errorf("%w: count outside 1..%d", ErrMalformed, MaxValues)
+	ErrLength   = fmt.Errorf("%w: length disagrees with count", ErrMalformed)
+	// ErrEncoding is the one error after which the header's lengths are known good and its
+	// sender's identity (job, worker id) can still be checked: the PS tells it apart
+	// ("unsupported" rather than "malformed").
+	ErrEncoding = fmt.Errorf("%w: unknown or reserved encoding", ErrMalformed)
+	ErrJob      = fmt.Errorf("%w: job id 0", ErrMalformed)
+	ErrFanIn    = fmt.Errorf("%w: fan-in outside 1..%d", ErrMalformed, MaxWorkers)
+	ErrBitmap   = fmt.Errorf("%w: contributor bitmap empty or beyond the fan-in", ErrMalformed)
+)
+
+// KnownType reports whether t is a message type the switch acts on: DATA and RESULT, which it
+// handles, and JOIN, LEAVE, ACK and RETRANSMIT, which it passes to its agent. MSG_RESET and
+// MSG_HEARTBEAT are reserved, and they and every other value are malformed.
+func KnownType(t uint8) bool {
+	switch t {
+	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgAck, MsgRetransmit:
+		return true
+	}
+	return false
+}
+
+// KnownEncoding reports whether e is an encoding DATA and RESULT may carry: ENC_FIXED32 and
+// ENC_FLOAT32 (ENC_SPARSE_KV is reserved).
+func KnownEncoding(e uint8) bool { return e == EncFixed32 || e == EncFloat32 }
+
+// ParsePacket parses one xdpagg UDP payload and checks it as the switch does (parse_l4 in
+// bpf/parse.h, then handle_data/handle_result and the type dispatch of bpf/xdpagg.c), so a packet
+// a host accepts is one the switch would not count malformed, and vice versa:
+//
+//   - version is Version and the reserved byte is 0;
+//   - the type is DATA, RESULT, JOIN, LEAVE, ACK or RETRANSMIT (RESET and HEARTBEAT are reserved);
+//   - DATA and RESULT: 1 <= count <= MaxValues, the payload is exactly HdrSize + 4*count bytes
+//     (the UDP length the switch checks), the encoding is ENC_FIXED32 or ENC_FLOAT32 (ErrEncoding
+//     otherwise), and job_id != 0;
+//   - DATA also: the fan-in of its level (fan_in0, or fan_in1 with F_LEVEL1) is 1..MaxWorkers and
+//     that level's bitmap is nonzero with no bit at or above the fan-in.
+//
+// Control messages get only the first two checks, like the switch, which hands them to its agent;
+// their values are the rest of the payload.
+//
+// agg_index is not checked: only the switch knows its pool size. values aliases b. Every failure
+// is one of the Err variables above, each wrapping ErrMalformed; h holds the decoded header
+// whenever b was long enough to hold one.
+func ParsePacket(b []byte) (h Header, values []byte, err error) {
+	if len(b) < HdrSize {
+		return h, nil, ErrShort
+	}
+	DecodeHeader(b, &h)
+	if h.Version != Version {
+		return h, nil, ErrVersion
+	}
+	if h.Reserved != 0 {
+		return h, nil, ErrReserved
+	}
+	if !KnownType(h.Type) {
+		return h, nil, ErrType
+	}
+	if h.Type != MsgData && h.Type != MsgResult {
+		return h, b[HdrSize:], nil
+	}
+	n := int(h.Count)
+	if n == 0 || n > MaxValues {
+		return h, nil, ErrCount
+	}
+	if len(b) != HdrSize+4*n {
+		return h, nil, ErrLength
+	}
+	if !KnownEncoding(h.Encoding) {
+		return h, nil, ErrEncoding
+	}
+	if h.JobId == 0 {
+		return h, nil, ErrJob
+	}
+	if h.Type == MsgData {
+		bm, fan := h.LevelBits()
+		if fan == 0 || int(fan) > MaxWorkers {
+			return h, nil, ErrFanIn
+		}
+		if bm == 0 || (fan < MaxWorkers && bm>>fan != 0) {
+			return h, nil, ErrBitmap
+		}
+	}
+	return h, b[HdrSize:], nil
+}
