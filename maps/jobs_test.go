@@ -501,23 +501,24 @@ func TestReclaimIdle(t *testing.T) {
 	start := time.Now()
 	send(3, 3, 0, w0) // young
 	n, err := m.ReclaimIdle()
-	if time.Since(start) >= timeout {
-		t.Skipf("the test was descheduled for %v, longer than the slot timeout", time.Since(start))
+	// The young slot is spared unless this process was descheduled for longer than the
+	// timeout between touching it and collecting, when it is idle too: both hold on a
+	// loaded machine, nothing else does.
+	if descheduled := time.Since(start) >= timeout; err != nil || !(n == 2 || descheduled && n == 3) {
+		t.Fatalf("ReclaimIdle = %d, %v; want 2 freed (3 if descheduled past the timeout: %v)", n, err, descheduled)
 	}
-	if err != nil || n != 2 {
-		t.Fatalf("ReclaimIdle = %d, %v; want 2 freed", n, err)
-	}
-	used, err = m.SlotsInUse()
-	if err != nil || len(used) != 1 || used[0].Index != 3 {
-		t.Fatalf("in use after reclaim: %+v, %v; want only the young slot 3", used, err)
-	}
-	if h := held(); h != 1 {
-		t.Errorf("job holds %d slots after two were reclaimed, want 1", h)
-	}
-
-	time.Sleep(timeout + timeout/2)
-	if n, err := m.ReclaimIdle(); err != nil || n != 1 {
-		t.Fatalf("second ReclaimIdle = %d, %v; want 1 freed", n, err)
+	if n == 2 { // the young slot was kept: it goes once it is idle too
+		used, err = m.SlotsInUse()
+		if err != nil || len(used) != 1 || used[0].Index != 3 {
+			t.Fatalf("in use after reclaim: %+v, %v; want only the young slot 3", used, err)
+		}
+		if h := held(); h != 1 {
+			t.Errorf("job holds %d slots after two were reclaimed, want 1", h)
+		}
+		time.Sleep(timeout + timeout/2)
+		if n, err := m.ReclaimIdle(); err != nil || n != 1 {
+			t.Fatalf("second ReclaimIdle = %d, %v; want 1 freed", n, err)
+		}
 	}
 	if used, err := m.SlotsInUse(); err != nil || len(used) != 0 {
 		t.Errorf("in use after reclaiming everything: %+v, %v", used, err)
