@@ -308,7 +308,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	// Authentic from here: the sender holds the job's key.
 	c.admission(h.JobId, key)
 	ref := workerRef{h.JobId, h.WorkerId}
-	job, err := c.maps.GetJob(h.JobId)
+	job, err := c.maps.Admission(h.JobId)
 	if err != nil {
 		return err
 	}

@@ -105,8 +105,10 @@ func (m *Maps) AddJob(j Job, key []byte) error {
 	return nil
 }
 
-// GetJob returns an admitted job; the error wraps ErrNoJob if there is none.
-func (m *Maps) GetJob(id uint32) (Job, error) {
+// Admission returns an admitted job as `job add` made it, with Held read from the datapath and
+// Joined left 0: one map lookup, for the agent's per-message checks. The error wraps ErrNoJob if
+// there is none.
+func (m *Maps) Admission(id uint32) (Job, error) {
 	var v bpf.XdpaggJob
 	if err := m.Jobs.Lookup(&id, &v); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -114,12 +116,24 @@ func (m *Maps) GetJob(id uint32) (Job, error) {
 		}
 		return Job{}, fmt.Errorf("read job %d: %w", id, err)
 	}
-	j := decodeJob(id, v)
-	joined, err := m.joined()
+	return decodeJob(id, v), nil
+}
+
+// GetJob returns an admitted job with its joined workers; the error wraps ErrNoJob if there is
+// none. Joined comes from the job's own worker ids (at most its worker count of lookups), not from
+// a walk of every job's workers.
+func (m *Maps) GetJob(id uint32) (Job, error) {
+	j, err := m.Admission(id)
 	if err != nil {
 		return j, err
 	}
-	j.Joined = joined[id]
+	for w := range j.Workers {
+		if _, err := m.Worker(id, w); err == nil {
+			j.Joined |= 1 << w
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return j, err
+		}
+	}
 	return j, nil
 }
 
