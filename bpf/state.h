@@ -150,6 +150,14 @@ struct decision {
 	__u32 prev_owner;  /* another job that lost the slot to this one (its held - 1) */
 };
 
+/* A contribution's bits and flags join the slot's (its values are added by the value pass). */
+static __always_inline void slot_merge(struct slot *s, __u32 bm, __u16 flags)
+{
+	s->bitmap |= bm;
+	s->counter++;
+	s->flags |= flags;
+}
+
 /*
  * The slot state machine (docs/protocol.md, "Switch"): decides, and updates every field of the
  * slot but its values, for one contribution. Runs under the slot's lock; touches nothing else.
@@ -226,9 +234,7 @@ static __always_inline void slot_decide(struct slot *s, const struct contrib *c,
 		} else if (bm & s->bitmap) {
 			d->verdict = V_TO_PS;
 		} else {
-			s->bitmap |= bm;
-			s->counter++;
-			s->flags |= c->flags;
+			slot_merge(s, bm, c->flags);
 			d->pass = PASS_ADD_OUT;
 			d->verdict = V_FLUSH;
 		}
@@ -241,9 +247,7 @@ static __always_inline void slot_decide(struct slot *s, const struct contrib *c,
 		 * twice, dropping it would lose the others. The PS sorts it out by bitmap. */
 		d->verdict = V_TO_PS;
 	} else {
-		s->bitmap |= bm;
-		s->counter++;
-		s->flags |= c->flags;
+		slot_merge(s, bm, c->flags);
 		s->ts_ns = c->now;
 		d->verdict = V_AGGREGATED;
 		/* Complete when every contributor is in: bits, not packets, since a packet may carry

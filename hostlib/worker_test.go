@@ -119,16 +119,7 @@ func blackHole(t *testing.T) netip.AddrPort {
 func newLoneWorker(t *testing.T, cfg WorkerConfig) *Worker {
 	t.Helper()
 	cfg.JobID, cfg.NumWorkers = 3, 2
-	cfg.Local = netip.AddrPortFrom(loopback, 0)
-	if !cfg.PS.IsValid() {
-		cfg.PS = blackHole(t)
-	}
-	w, err := NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close() })
-	return w
+	return newKeyedWorker(t, cfg)
 }
 
 func TestAllReduceTimeout(t *testing.T) {
