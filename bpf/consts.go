@@ -12,6 +12,12 @@ const (
 	MaxWorkers = int(XdpaggLimitLIMIT_MAX_WORKERS)
 	// HdrSize is the size of the xdpagg header on the wire.
 	HdrSize = int(XdpaggLimitLIMIT_HDR_SIZE)
+	// RegSlots is the compiled size of a register array: the most slots per array (r).
+	RegSlots = uint32(XdpaggLimitLIMIT_REG_SLOTS)
+	// JobMaxArrays is the most register arrays (m) one sparse job may own.
+	JobMaxArrays = uint32(XdpaggLimitLIMIT_JOB_MAX_ARRAYS)
+	// SparseMaxPasses bounds the passes (1 + recirculations) of one hot packet.
+	SparseMaxPasses = int(XdpaggLimitLIMIT_SPARSE_MAX_PASSES)
 )
 
 // ValuesForMTU is how many values fill one packet at an IPv4 MTU: (MTU - 20 IPv4 - 8 UDP - 32

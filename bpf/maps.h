@@ -16,6 +16,8 @@ volatile const __u64 ecn_threshold_bytes = 65536; /* phantom backlog above which
 volatile const __u32 source_check = 1; /* nonzero: strict uRPF on every port (docs/security.md) */
 volatile const __u64 ctl_interval_ns = 50000; /* control messages per port: one per interval on average (20,000/s) */
 volatile const __u64 ctl_burst_ns = 100000000; /* ... and a burst of burst/interval messages (2,000) */
+volatile const __u32 reg_arrays = 512; /* register arrays per parity buffer (`registers` holds 2x) */
+volatile const __u32 reg_slots = XAGG_REG_SLOTS; /* r: slots used per register array, <= XAGG_REG_SLOTS */
 
 #ifndef XAGG_POOL_SIZE
 #define XAGG_POOL_SIZE 4096 /* default max_entries of `slots`; the loader sets the real pool size */
@@ -28,6 +30,12 @@ volatile const __u64 ctl_burst_ns = 100000000; /* ... and a burst of burst/inter
 #endif
 #ifndef XAGG_MAX_JOBS
 #define XAGG_MAX_JOBS 1024
+#endif
+#ifndef XAGG_REG_ARRAYS
+#define XAGG_REG_ARRAYS 1024 /* default max_entries of `registers`; the loader sets 2 * reg_arrays */
+#endif
+#ifndef XAGG_MAX_SPARSE_JOBS
+#define XAGG_MAX_SPARSE_JOBS 64
 #endif
 #ifndef XAGG_RESULTS_RING
 #define XAGG_RESULTS_RING (8 << 20) /* bytes: about 2,400 results of 832 values */
@@ -130,6 +138,44 @@ struct {
 	__type(key, __u32);
 	__type(value, struct scratch);
 } scratch_buf SEC(".maps");
+
+/* Hot-parameter registers (sparse jobs). Key: parity * reg_arrays + array (u32, host order).
+ * Value: struct reg_array (cells: iteration tag and int32 sum, host order; hits host order). Sums
+ * are changed with compare-and-swap, hits with atomic adds; the control plane zeroes a job's
+ * arrays at admission. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, XAGG_REG_ARRAYS);
+	__type(key, __u32);
+	__type(value, struct reg_array);
+} registers SEC(".maps");
+
+/* Sparse jobs' iteration records. Key: job_id (u32, host order). Value: struct sparse_job (host
+ * order, spin-locked). Made (zeroed) by the control plane when it admits a sparse job. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XAGG_MAX_SPARSE_JOBS);
+	__type(key, __u32);
+	__type(value, struct sparse_job);
+} sparse_jobs SEC(".maps");
+
+/* A hot packet's progress through its passes. Key: 0. Value: struct sparse_pass per CPU: a tail
+ * call runs on the CPU that made it, before that CPU takes another packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sparse_pass);
+} sparse_pass SEC(".maps");
+
+/* Recirculation histogram. Key: passes a hot packet took, 1..XAGG_SPARSE_MAX_PASSES (0: an empty
+ * marker, no pairs), u32 host order. Value: packets, u64 per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, XAGG_SPARSE_MAX_PASSES + 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} recirc_hist SEC(".maps");
 
 static __always_inline struct counters *counters_get(void)
 {

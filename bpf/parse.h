@@ -33,6 +33,7 @@ struct pkt {
 	struct iphdr *ip;
 	struct udphdr *udp;
 	struct hdr *h;
+	struct sparse_hdr *sh; /* sparse encodings and MSG_PULL only */
 };
 
 enum parse_result {
@@ -123,20 +124,54 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt *p)
 		return PARSE_MALFORMED;
 	if ((void *)p->ip + ip_len != c->end)
 		return PARSE_MALFORMED;
+	p->sh = NULL;
 	if (p->h->version != XAGG_VERSION || p->h->reserved != 0)
 		return PARSE_MALFORMED;
-	if (p->h->type == MSG_DATA || p->h->type == MSG_RESULT) {
-		__u16 n = p->h->count;
+	__u8 type = p->h->type;
+	if (type != MSG_DATA && type != MSG_RESULT && type != MSG_PULL)
+		return PARSE_OK;
+	__u16 n = p->h->count;
+	__u8 enc = p->h->encoding;
+	if (enc <= ENC_FLOAT32 && type != MSG_PULL) {
+		/* Dense: 1..XAGG_MAX_VALUES 4-byte values for slot agg_index. */
 		if (n == 0 || n > XAGG_MAX_VALUES)
 			return PARSE_MALFORMED;
 		if (udp_len != sizeof(struct udphdr) + sizeof(struct hdr) + (__u32)n * 4)
 			return PARSE_MALFORMED;
-		/* ENC_SPARSE_KV is reserved: nothing sums it yet, so it is refused here, counted. */
-		if (p->h->encoding > ENC_FLOAT32)
-			return PARSE_MALFORMED;
 		if (p->h->agg_index >= pool_size)
 			return PARSE_MALFORMED;
+		return PARSE_OK;
 	}
+	/* Sparse: a sparse header, then pairs. Hot pairs travel in DATA (workers) and MSG_PULL (the
+	 * PS's read-out), cold pairs in DATA (to the PS) and RESULTs (the PS's update). */
+	__u32 psize, pmax;
+	if (enc == ENC_SPARSE_KV && type != MSG_RESULT) {
+		psize = sizeof(struct kv_pair);
+		pmax = XAGG_SPARSE_MAX_PAIRS;
+	} else if (enc == ENC_SPARSE_COLD && type != MSG_PULL) {
+		psize = sizeof(struct cold_pair);
+		pmax = XAGG_COLD_MAX_PAIRS;
+	} else {
+		return PARSE_MALFORMED;
+	}
+	if (n > pmax || (type == MSG_PULL && n == 0))
+		return PARSE_MALFORMED;
+	if (udp_len != sizeof(struct udphdr) + sizeof(struct hdr) + sizeof(struct sparse_hdr) + (__u32)n * psize)
+		return PARSE_MALFORMED;
+	p->sh = cursor_take(c, sizeof(struct sparse_hdr));
+	if (!p->sh)
+		return PARSE_MALFORMED;
+	if (type == MSG_PULL) {
+		if (p->sh->npkts != 0)
+			return PARSE_MALFORMED;
+	} else if (p->sh->npkts == 0 || p->h->agg_index >= p->sh->npkts) {
+		return PARSE_MALFORMED;
+	}
+	/* Hot pairs: one aggregation level, and at most XAGG_SPARSE_MAX_PKTS packets per worker and
+	 * iteration (the switch's dedup record has a bit for each). */
+	if (type == MSG_DATA && enc == ENC_SPARSE_KV &&
+	    ((p->h->flags & F_LEVEL1) || p->sh->npkts > XAGG_SPARSE_MAX_PKTS))
+		return PARSE_MALFORMED;
 	return PARSE_OK;
 }
 

@@ -46,6 +46,22 @@ static __always_inline int to_ps(struct counters *ctr, struct pkt *p, __u16 add_
 	return XDP_PASS;
 }
 
+/* Send the packet back where it came from: swap L2/L3 endpoints (the IP checksum is unchanged by
+ * a swap) and answer from the aggregation port. */
+static __always_inline void reply_in_place(struct pkt *q)
+{
+	__u8 mac[ETH_ALEN];
+	__builtin_memcpy(mac, q->eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(q->eth->h_dest, q->eth->h_source, ETH_ALEN);
+	__builtin_memcpy(q->eth->h_source, mac, ETH_ALEN);
+	__be32 a = q->ip->saddr;
+	q->ip->saddr = q->ip->daddr;
+	q->ip->daddr = a;
+	q->udp->dest = q->udp->source;
+	q->udp->source = bpf_htons(agg_port);
+	q->udp->check = 0;
+}
+
 static __always_inline int broadcast(struct counters *ctr)
 {
 	long r = bpf_redirect_map(&ports, 0, BPF_F_BROADCAST);

@@ -40,6 +40,33 @@ _Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0 && XAGG_CHUNK % 2 == 0, "XAGG_C
 /* Slots one run of the garbage collector (xdpagg_gc) visits at most. */
 #define XAGG_GC_BATCH 256
 
+/*
+ * Sparse hot-parameter aggregation (Zebra; docs/sparse.md). The switch holds register arrays of
+ * XAGG_REG_SLOTS slots each; a sparse job owns m of them (M = m * reg_slots hot ranks), twice:
+ * one buffer per iteration parity.
+ */
+/* Hot <rank, value> pairs one packet may carry: (3360 - 32 header - 8 sparse header) / 8 at the
+ * largest linear MTU (3388); 179 at a 1500-byte MTU. */
+#define XAGG_SPARSE_MAX_PAIRS 415
+#define XAGG_SPARSE_STD_PAIRS 179
+/* Cold <key, value> pairs (12 bytes each) one packet may carry: 276 at MTU 3388, 119 at 1500. */
+#define XAGG_COLD_MAX_PAIRS 276
+#define XAGG_COLD_STD_PAIRS 119
+/* Hot packets one worker may send the switch for one iteration: one bit each in the dedup record. */
+#define XAGG_SPARSE_MAX_PKTS 256
+/* Passes of the pipeline one packet may take: the first and up to MAX_PASSES - 1 recirculations
+ * (tail calls). Pairs not placed by then go on to the PS. */
+#define XAGG_SPARSE_MAX_PASSES 4
+/* Slots per register array: the map value's size, fixed at compile time (the runtime r,
+ * reg_slots, may be smaller). */
+#define XAGG_REG_SLOTS 256
+/* Register arrays one job may own (m): the per-pass "touched" mask has this many bits. */
+#define XAGG_JOB_MAX_ARRAYS 256
+/* Tries of one register add against concurrent adds to the same slot (compare-and-swap). */
+#define XAGG_CAS_TRIES 8
+/* The rank a placed pair gets in the packet: the pass loop skips it, the PS ignores it. */
+#define XAGG_RANK_PLACED 0xffffffffu
+
 /* The limits above as an enum, so bpf2go exports them to Go (macros do not reach BTF). */
 enum limit {
 	LIMIT_VERSION = XAGG_VERSION,
@@ -51,6 +78,15 @@ enum limit {
 	LIMIT_GC_BATCH = XAGG_GC_BATCH,
 	LIMIT_CTL_AUTH_SIZE = 24, /* sizeof(struct ctl_auth) */
 	LIMIT_JOB_KEY_SIZE = 32,  /* sizeof(struct job_key) */
+	LIMIT_SPARSE_MAX_PAIRS = XAGG_SPARSE_MAX_PAIRS,
+	LIMIT_SPARSE_STD_PAIRS = XAGG_SPARSE_STD_PAIRS,
+	LIMIT_COLD_MAX_PAIRS = XAGG_COLD_MAX_PAIRS,
+	LIMIT_COLD_STD_PAIRS = XAGG_COLD_STD_PAIRS,
+	LIMIT_SPARSE_MAX_PKTS = XAGG_SPARSE_MAX_PKTS,
+	LIMIT_SPARSE_MAX_PASSES = XAGG_SPARSE_MAX_PASSES,
+	LIMIT_REG_SLOTS = XAGG_REG_SLOTS,
+	LIMIT_JOB_MAX_ARRAYS = XAGG_JOB_MAX_ARRAYS,
+	LIMIT_SPARSE_HDR_SIZE = 8, /* sizeof(struct sparse_hdr) */
 };
 
 /* Message types (hdr.type). */
@@ -63,13 +99,15 @@ enum msg_type {
 	MSG_ACK = 6,     /* control: acknowledgement of a control message or of a result (retransmit cache) */
 	MSG_RETRANSMIT = 7, /* control: worker asks the switch CPU for a cached result */
 	MSG_HEARTBEAT = 8,  /* reserved (controller liveness, Libra failover): dropped as malformed today */
+	MSG_PULL = 9,       /* sparse read-out: the PS asks the switch for a range of hot sums; the switch answers in place */
 };
 
 /* Value encodings (hdr.encoding). */
 enum encoding {
 	ENC_FIXED32 = 0, /* int32 fixed point: value = round(x * 2^scale_log2); summed in-switch */
 	ENC_FLOAT32 = 1, /* IEEE-754 binary32; summed at the PS (overflow repair); in-switch sums reserved */
-	ENC_SPARSE_KV = 2, /* reserved for hot-parameter aggregation: dropped as malformed today */
+	ENC_SPARSE_KV = 2,   /* hot pairs: struct sparse_hdr, then count struct kv_pair (rank, int32 fixed point) */
+	ENC_SPARSE_COLD = 3, /* cold pairs: struct sparse_hdr, then count struct cold_pair (key, float32) */
 };
 
 /* Header flags (hdr.flags), a bit set. */
@@ -83,6 +121,8 @@ enum flag {
 	F_SHADOW = 1 << 6,    /* result re-sent from a completed slot's shadow copy to one worker */
 	F_CACHED = 1 << 7,    /* result re-sent by the switch CPU's retransmit cache (agent) to one worker */
 	F_REHASH = 1 << 8,    /* PS result after a collision: bitmap1 is the new slot for this seq's slot offset (ATP) */
+	F_SPARSE_DONE = 1 << 9, /* sparse DATA the switch hands the PS: this packet completed the iteration's hot sums */
+	F_PENDING = 1 << 10,    /* MSG_PULL answer: the switch does not hold a complete iteration seq (no values) */
 };
 
 /*
@@ -109,6 +149,105 @@ struct hdr {
 };
 
 _Static_assert(sizeof(struct hdr) == LIMIT_HDR_SIZE, "struct hdr must stay 32 bytes");
+
+/*
+ * Sparse messages (encodings ENC_SPARSE_KV and ENC_SPARSE_COLD, and MSG_PULL) carry this after
+ * the header. In sparse DATA and RESULTs, hdr.seq is the training iteration, hdr.agg_index the
+ * packet's index among the sender's npkts packets of that kind for the iteration, and hdr.count
+ * the pairs that follow (0 in an empty marker). docs/sparse.md has the whole exchange.
+ */
+struct sparse_hdr {
+	__u32 hot_version; /* hot-set version the ranks belong to; every packet of an iteration agrees */
+	__u16 npkts;       /* packets of this kind the sender sends for the iteration (>= 1) */
+	__u16 spilled;     /* switch -> PS (F_SPARSE_DONE, MSG_PULL answers): hot packets of the
+			    * iteration that reached the PS with pairs left to sum; else 0 */
+};
+
+_Static_assert(sizeof(struct sparse_hdr) == 8, "struct sparse_hdr must stay 8 bytes");
+
+/* A hot gradient: rank in the job's hot set, [0, M), and its int32 fixed-point value. In a MSG_PULL
+ * answer the same 8 bytes are struct reg_read. */
+struct kv_pair {
+	__u32 rank; /* XAGG_RANK_PLACED once the switch has summed it */
+	__s32 val;  /* round(x * 2^scale_log2) */
+};
+
+/* A cold gradient (or an update in a PS RESULT): the model's 64-bit parameter key (as two
+ * little-endian halves, which is the little-endian u64 on the wire, kept 4-byte aligned so the
+ * pair is 12 bytes in C and Go alike) and a float32. Only hosts read these; the switch passes
+ * them on. */
+struct cold_pair {
+	__u32 key_lo;
+	__u32 key_hi;
+	__u32 val; /* IEEE-754 binary32 bits */
+};
+
+_Static_assert(sizeof(struct cold_pair) == 12, "struct cold_pair must stay 12 bytes");
+
+/* One slot of a MSG_PULL answer. */
+struct reg_read {
+	__s32 sum;  /* the iteration's fixed-point sum at this rank (0: nobody sent it) */
+	__u32 hits; /* updates the slot's buffer has taken since the job was admitted (wraps) */
+};
+
+/*
+ * A register array: map `registers`, ARRAY keyed by parity * reg_arrays + array (u32, host order),
+ * where a job owns arrays [reg_base, reg_base + m) of each parity. cells[s] holds the slot's sum
+ * and the iteration it belongs to: bits 0-31 the int32 sum, bits 32-62 the iteration (mod 2^31),
+ * bit 63 set when an add overflowed. A slot whose iteration is not the one asked for reads as
+ * zero, so a buffer is zero for iteration t+2 without being cleared. hits[s] counts adds.
+ */
+struct reg_array {
+	__u64 cells[XAGG_REG_SLOTS];
+	__u32 hits[XAGG_REG_SLOTS];
+};
+
+/* A sparse job's record of one iteration (one per parity): which hot packets each worker has sent,
+ * so a retransmitted or duplicated packet never adds twice, and when the iteration is complete. */
+struct sparse_iter {
+	__u32 iter;       /* iteration the record holds */
+	__u32 version;    /* its hot-set version (from its first packet) */
+	__u16 npkts[XAGG_MAX_WORKERS]; /* hot packets each worker announced; 0: none seen yet */
+	__u16 done[XAGG_MAX_WORKERS];  /* packets of each worker whose pairs are all summed or handed to the PS */
+	__u64 seen[XAGG_MAX_WORKERS][XAGG_SPARSE_MAX_PKTS / 64]; /* packets taken (claimed at their first pass) */
+	__u16 spilled;    /* packets handed to the PS with pairs left */
+	__u8 fan_in;      /* workers of the iteration (from its first packet) */
+	__u8 state;       /* enum sparse_state */
+	__u32 pad;
+};
+
+enum sparse_state {
+	SPARSE_EMPTY = 0,    /* never used */
+	SPARSE_OPEN = 1,     /* taking packets */
+	SPARSE_COMPLETE = 2, /* every worker's packets are in: the PS may pull */
+};
+
+/* Map `sparse_jobs`, HASH keyed by job_id (u32, host order): made at admission for a sparse job.
+ * Both records change only under `lock`. Host order. */
+struct sparse_job {
+	struct bpf_spin_lock lock;
+	__u32 pad;
+	struct sparse_iter it[2]; /* by iteration parity */
+};
+
+/* The per-CPU progress of one hot packet through its passes (map `sparse_pass`): the pairs are
+ * copied here at the first pass and marked XAGG_RANK_PLACED as they are summed, so each tail call
+ * (recirculation) picks up where the last pass stopped. Host order. */
+struct sparse_pass {
+	__u32 job_id;
+	__u32 iter;
+	__u32 key_base; /* `registers` key of the job's array 0 for the iteration's parity */
+	__u32 arrays;   /* m of the job */
+	__u32 tag;      /* iteration tag of the cells (iter mod 2^31) */
+	__u16 npairs;   /* pairs in the packet */
+	__u16 left;     /* pairs not placed yet */
+	__u8 worker;    /* sender's worker id */
+	__u8 pass;      /* passes done */
+	__u16 index;    /* packet index */
+	__u32 pad;
+	__u64 touched[XAGG_JOB_MAX_ARRAYS / 64]; /* arrays touched in the current pass */
+	struct kv_pair pairs[XAGG_SPARSE_MAX_PAIRS];
+};
 
 /*
  * Body of MSG_JOIN / MSG_LEAVE (after a header with count = 0, before the struct ctl_auth
@@ -203,6 +342,8 @@ struct job {
 	__s32 held;       /* slots the job holds now (aggregating or shadow copy); atomic, host order.
 			   * The control plane writes a job once, at admission: a rewrite would lose
 			   * the datapath's concurrent adds. */
+	__u16 reg_base;   /* sparse jobs: first register array the job owns (of each parity) */
+	__u16 reg_arrays; /* sparse jobs: register arrays it owns (m); 0: a dense job */
 };
 
 /*
@@ -299,9 +440,11 @@ struct cache_stats {
  * Source validation comes first: an IPv4 or ARP frame whose source address the ingress port may
  * not send counts in CNT_SPOOFED alone. Every other packet at the aggregation port counts in
  * CNT_RX and in exactly one verdict: AGGREGATED, DUPLICATE, TO_PS, MALFORMED, IP_INVALID,
- * NOT_MEMBER, PS_RESULT, SHADOW_TX, CONTROL or CTL_LIMITED (bar the XDP_ABORTED paths, which
- * cannot happen for a frame that parsed). COMPLETED, COLLISION, OVERFLOW, RECLAIMED, FLUSHED,
- * CACHED, CACHE_FULL, ECN_MARKED, OVER_QUOTA and REDIRECT_ERR count events on top of a verdict;
+ * NOT_MEMBER, PS_RESULT, SHADOW_TX, CONTROL, CTL_LIMITED, SPARSE_STALE or PULL (bar the
+ * XDP_ABORTED paths, which cannot happen for a frame that parsed). COMPLETED, COLLISION, OVERFLOW,
+ * RECLAIMED, FLUSHED, CACHED, CACHE_FULL, ECN_MARKED, OVER_QUOTA, REDIRECT_ERR, SPARSE_PAIRS,
+ * SPARSE_SPILLED, SPARSE_DONE, RECIRCULATED, PULL_PENDING, REG_OVERFLOW and TAILCALL_ERR count
+ * events on top of a verdict;
  * EGRESS_* count broadcast copies per port; NON_AGG counts the other frames that pass source
  * validation.
  */
@@ -331,6 +474,15 @@ enum counter {
 	CNT_IP_INVALID,      /* frames to the xdpagg port with IP options, as fragments, or with a bad IPv4 checksum: dropped */
 	CNT_OVER_QUOTA,      /* data sent on to the PS because its job holds its quota of slots */
 	CNT_CTL_LIMITED,     /* control messages over their port's rate budget: dropped */
+	CNT_SPARSE_STALE,    /* hot packets of an iteration the switch no longer (or does not yet) hold, or of another hot-set version: dropped */
+	CNT_SPARSE_PAIRS,    /* hot pairs summed into registers */
+	CNT_SPARSE_SPILLED,  /* hot pairs handed to the PS unsummed (pass bound, contention) */
+	CNT_SPARSE_DONE,     /* iterations whose hot sums completed (F_SPARSE_DONE sent to the PS) */
+	CNT_RECIRCULATED,    /* passes beyond the first: tail calls back into the pipeline */
+	CNT_PULL,            /* MSG_PULL read-outs answered (with values or F_PENDING) */
+	CNT_PULL_PENDING,    /* ... of which answered F_PENDING */
+	CNT_REG_OVERFLOW,    /* register adds that overflowed int32 (the PS refuses the sum) */
+	CNT_TAILCALL_ERR,    /* tail calls that failed: the packet's pairs went to the PS */
 	CNT_MAX,
 };
 

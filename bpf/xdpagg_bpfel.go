@@ -34,40 +34,56 @@ type XdpaggCacheStats struct {
 	Acks         uint64
 }
 
+type XdpaggColdPair struct {
+	_     structs.HostLayout
+	KeyLo uint32
+	KeyHi uint32
+	Val   uint32
+}
+
 type XdpaggCounter uint32
 
 const (
-	XdpaggCounterCNT_RX           XdpaggCounter = 0
-	XdpaggCounterCNT_AGGREGATED   XdpaggCounter = 1
-	XdpaggCounterCNT_COMPLETED    XdpaggCounter = 2
-	XdpaggCounterCNT_DUPLICATE    XdpaggCounter = 3
-	XdpaggCounterCNT_COLLISION    XdpaggCounter = 4
-	XdpaggCounterCNT_OVERFLOW     XdpaggCounter = 5
-	XdpaggCounterCNT_TO_PS        XdpaggCounter = 6
-	XdpaggCounterCNT_MALFORMED    XdpaggCounter = 7
-	XdpaggCounterCNT_NON_AGG      XdpaggCounter = 8
-	XdpaggCounterCNT_PS_RESULT    XdpaggCounter = 9
-	XdpaggCounterCNT_SHADOW_TX    XdpaggCounter = 10
-	XdpaggCounterCNT_RECLAIMED    XdpaggCounter = 11
-	XdpaggCounterCNT_EGRESS_TX    XdpaggCounter = 12
-	XdpaggCounterCNT_EGRESS_SKIP  XdpaggCounter = 13
-	XdpaggCounterCNT_REDIRECT_ERR XdpaggCounter = 14
-	XdpaggCounterCNT_CONTROL      XdpaggCounter = 15
-	XdpaggCounterCNT_NOT_MEMBER   XdpaggCounter = 16
-	XdpaggCounterCNT_FLUSHED      XdpaggCounter = 17
-	XdpaggCounterCNT_CACHED       XdpaggCounter = 18
-	XdpaggCounterCNT_CACHE_FULL   XdpaggCounter = 19
-	XdpaggCounterCNT_ECN_MARKED   XdpaggCounter = 20
-	XdpaggCounterCNT_SPOOFED      XdpaggCounter = 21
-	XdpaggCounterCNT_IP_INVALID   XdpaggCounter = 22
-	XdpaggCounterCNT_OVER_QUOTA   XdpaggCounter = 23
-	XdpaggCounterCNT_CTL_LIMITED  XdpaggCounter = 24
-	XdpaggCounterCNT_MAX          XdpaggCounter = 25
+	XdpaggCounterCNT_RX             XdpaggCounter = 0
+	XdpaggCounterCNT_AGGREGATED     XdpaggCounter = 1
+	XdpaggCounterCNT_COMPLETED      XdpaggCounter = 2
+	XdpaggCounterCNT_DUPLICATE      XdpaggCounter = 3
+	XdpaggCounterCNT_COLLISION      XdpaggCounter = 4
+	XdpaggCounterCNT_OVERFLOW       XdpaggCounter = 5
+	XdpaggCounterCNT_TO_PS          XdpaggCounter = 6
+	XdpaggCounterCNT_MALFORMED      XdpaggCounter = 7
+	XdpaggCounterCNT_NON_AGG        XdpaggCounter = 8
+	XdpaggCounterCNT_PS_RESULT      XdpaggCounter = 9
+	XdpaggCounterCNT_SHADOW_TX      XdpaggCounter = 10
+	XdpaggCounterCNT_RECLAIMED      XdpaggCounter = 11
+	XdpaggCounterCNT_EGRESS_TX      XdpaggCounter = 12
+	XdpaggCounterCNT_EGRESS_SKIP    XdpaggCounter = 13
+	XdpaggCounterCNT_REDIRECT_ERR   XdpaggCounter = 14
+	XdpaggCounterCNT_CONTROL        XdpaggCounter = 15
+	XdpaggCounterCNT_NOT_MEMBER     XdpaggCounter = 16
+	XdpaggCounterCNT_FLUSHED        XdpaggCounter = 17
+	XdpaggCounterCNT_CACHED         XdpaggCounter = 18
+	XdpaggCounterCNT_CACHE_FULL     XdpaggCounter = 19
+	XdpaggCounterCNT_ECN_MARKED     XdpaggCounter = 20
+	XdpaggCounterCNT_SPOOFED        XdpaggCounter = 21
+	XdpaggCounterCNT_IP_INVALID     XdpaggCounter = 22
+	XdpaggCounterCNT_OVER_QUOTA     XdpaggCounter = 23
+	XdpaggCounterCNT_CTL_LIMITED    XdpaggCounter = 24
+	XdpaggCounterCNT_SPARSE_STALE   XdpaggCounter = 25
+	XdpaggCounterCNT_SPARSE_PAIRS   XdpaggCounter = 26
+	XdpaggCounterCNT_SPARSE_SPILLED XdpaggCounter = 27
+	XdpaggCounterCNT_SPARSE_DONE    XdpaggCounter = 28
+	XdpaggCounterCNT_RECIRCULATED   XdpaggCounter = 29
+	XdpaggCounterCNT_PULL           XdpaggCounter = 30
+	XdpaggCounterCNT_PULL_PENDING   XdpaggCounter = 31
+	XdpaggCounterCNT_REG_OVERFLOW   XdpaggCounter = 32
+	XdpaggCounterCNT_TAILCALL_ERR   XdpaggCounter = 33
+	XdpaggCounterCNT_MAX            XdpaggCounter = 34
 )
 
 type XdpaggCounters struct {
 	_   structs.HostLayout
-	Cnt [25]uint64
+	Cnt [34]uint64
 }
 
 type XdpaggCtlAuth struct {
@@ -90,9 +106,10 @@ type XdpaggCtlBucket struct {
 type XdpaggEncoding uint32
 
 const (
-	XdpaggEncodingENC_FIXED32   XdpaggEncoding = 0
-	XdpaggEncodingENC_FLOAT32   XdpaggEncoding = 1
-	XdpaggEncodingENC_SPARSE_KV XdpaggEncoding = 2
+	XdpaggEncodingENC_FIXED32     XdpaggEncoding = 0
+	XdpaggEncodingENC_FLOAT32     XdpaggEncoding = 1
+	XdpaggEncodingENC_SPARSE_KV   XdpaggEncoding = 2
+	XdpaggEncodingENC_SPARSE_COLD XdpaggEncoding = 3
 )
 
 type XdpaggFlag uint32
@@ -107,6 +124,8 @@ const (
 	XdpaggFlagF_SHADOW      XdpaggFlag = 64
 	XdpaggFlagF_CACHED      XdpaggFlag = 128
 	XdpaggFlagF_REHASH      XdpaggFlag = 256
+	XdpaggFlagF_SPARSE_DONE XdpaggFlag = 512
+	XdpaggFlagF_PENDING     XdpaggFlag = 1024
 )
 
 type XdpaggGcArgs struct {
@@ -146,6 +165,8 @@ type XdpaggJob struct {
 	Pad       uint8
 	MaxSlots  uint32
 	Held      int32
+	RegBase   uint16
+	RegArrays uint16
 }
 
 type XdpaggJobKey struct {
@@ -160,18 +181,33 @@ type XdpaggJoinBody struct {
 	ResultIp uint32
 }
 
+type XdpaggKvPair struct {
+	_    structs.HostLayout
+	Rank uint32
+	Val  int32
+}
+
 type XdpaggLimit uint32
 
 const (
-	XdpaggLimitLIMIT_VERSION       XdpaggLimit = 1
-	XdpaggLimitLIMIT_DEFAULT_PORT  XdpaggLimit = 9510
-	XdpaggLimitLIMIT_MAX_VALUES    XdpaggLimit = 832
-	XdpaggLimitLIMIT_STD_VALUES    XdpaggLimit = 360
-	XdpaggLimitLIMIT_MAX_WORKERS   XdpaggLimit = 32
-	XdpaggLimitLIMIT_HDR_SIZE      XdpaggLimit = 32
-	XdpaggLimitLIMIT_GC_BATCH      XdpaggLimit = 256
-	XdpaggLimitLIMIT_CTL_AUTH_SIZE XdpaggLimit = 24
-	XdpaggLimitLIMIT_JOB_KEY_SIZE  XdpaggLimit = 32
+	XdpaggLimitLIMIT_VERSION           XdpaggLimit = 1
+	XdpaggLimitLIMIT_DEFAULT_PORT      XdpaggLimit = 9510
+	XdpaggLimitLIMIT_MAX_VALUES        XdpaggLimit = 832
+	XdpaggLimitLIMIT_STD_VALUES        XdpaggLimit = 360
+	XdpaggLimitLIMIT_MAX_WORKERS       XdpaggLimit = 32
+	XdpaggLimitLIMIT_HDR_SIZE          XdpaggLimit = 32
+	XdpaggLimitLIMIT_GC_BATCH          XdpaggLimit = 256
+	XdpaggLimitLIMIT_CTL_AUTH_SIZE     XdpaggLimit = 24
+	XdpaggLimitLIMIT_JOB_KEY_SIZE      XdpaggLimit = 32
+	XdpaggLimitLIMIT_SPARSE_MAX_PAIRS  XdpaggLimit = 415
+	XdpaggLimitLIMIT_SPARSE_STD_PAIRS  XdpaggLimit = 179
+	XdpaggLimitLIMIT_COLD_MAX_PAIRS    XdpaggLimit = 276
+	XdpaggLimitLIMIT_COLD_STD_PAIRS    XdpaggLimit = 119
+	XdpaggLimitLIMIT_SPARSE_MAX_PKTS   XdpaggLimit = 256
+	XdpaggLimitLIMIT_SPARSE_MAX_PASSES XdpaggLimit = 4
+	XdpaggLimitLIMIT_REG_SLOTS         XdpaggLimit = 256
+	XdpaggLimitLIMIT_JOB_MAX_ARRAYS    XdpaggLimit = 256
+	XdpaggLimitLIMIT_SPARSE_HDR_SIZE   XdpaggLimit = 8
 )
 
 type XdpaggMember struct {
@@ -202,6 +238,7 @@ const (
 	XdpaggMsgTypeMSG_ACK        XdpaggMsgType = 6
 	XdpaggMsgTypeMSG_RETRANSMIT XdpaggMsgType = 7
 	XdpaggMsgTypeMSG_HEARTBEAT  XdpaggMsgType = 8
+	XdpaggMsgTypeMSG_PULL       XdpaggMsgType = 9
 )
 
 type XdpaggPortQueue struct {
@@ -214,6 +251,18 @@ type XdpaggPortQueue struct {
 	VqBytes uint64
 	LastNs  uint64
 	Marks   uint64
+}
+
+type XdpaggRegArray struct {
+	_     structs.HostLayout
+	Cells [256]uint64
+	Hits  [256]uint32
+}
+
+type XdpaggRegRead struct {
+	_    structs.HostLayout
+	Sum  int32
+	Hits uint32
 }
 
 type XdpaggResultRec struct {
@@ -254,6 +303,59 @@ const (
 	XdpaggSlotStateSLOT_COMPLETE    XdpaggSlotState = 2
 )
 
+type XdpaggSparseHdr struct {
+	_          structs.HostLayout
+	HotVersion uint32
+	Npkts      uint16
+	Spilled    uint16
+}
+
+type XdpaggSparseJob struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad uint32
+	It  [2]struct {
+		_       structs.HostLayout
+		Iter    uint32
+		Version uint32
+		Npkts   [32]uint16
+		Done    [32]uint16
+		Seen    [32][4]uint64
+		Spilled uint16
+		FanIn   uint8
+		State   uint8
+		Pad     uint32
+	}
+}
+
+type XdpaggSparsePass struct {
+	_       structs.HostLayout
+	JobId   uint32
+	Iter    uint32
+	KeyBase uint32
+	Arrays  uint32
+	Tag     uint32
+	Npairs  uint16
+	Left    uint16
+	Worker  uint8
+	Pass    uint8
+	Index   uint16
+	Pad     uint32
+	Touched [4]uint64
+	Pairs   [415]XdpaggKvPair
+}
+
+type XdpaggSparseState uint32
+
+const (
+	XdpaggSparseStateSPARSE_EMPTY    XdpaggSparseState = 0
+	XdpaggSparseStateSPARSE_OPEN     XdpaggSparseState = 1
+	XdpaggSparseStateSPARSE_COMPLETE XdpaggSparseState = 2
+)
+
 type XdpaggWorker struct {
 	_       structs.HostLayout
 	Ip      uint32
@@ -279,13 +381,19 @@ const (
 	XdpaggMapMembers           = "members"
 	XdpaggMapPortQueues        = "port_queues"
 	XdpaggMapPorts             = "ports"
+	XdpaggMapRecircHist        = "recirc_hist"
+	XdpaggMapRegisters         = "registers"
 	XdpaggMapResults           = "results"
 	XdpaggMapScratchBuf        = "scratch_buf"
 	XdpaggMapSlots             = "slots"
+	XdpaggMapSparseJobs        = "sparse_jobs"
+	XdpaggMapSparsePass        = "sparse_pass"
+	XdpaggMapSparseProgs       = "sparse_progs"
 	XdpaggMapWorkers           = "workers"
 	XdpaggProgXdpaggEgress     = "xdpagg_egress"
 	XdpaggProgXdpaggGc         = "xdpagg_gc"
 	XdpaggProgXdpaggPass       = "xdpagg_pass"
+	XdpaggProgXdpaggSparse     = "xdpagg_sparse"
 	XdpaggProgXdpaggSwitch     = "xdpagg_switch"
 	XdpaggVarAggPort           = "agg_port"
 	XdpaggVarCacheResults      = "cache_results"
@@ -294,9 +402,12 @@ const (
 	XdpaggVarEcnThresholdBytes = "ecn_threshold_bytes"
 	XdpaggVarPoolSize          = "pool_size"
 	XdpaggVarPortRateBps       = "port_rate_Bps"
+	XdpaggVarRegArrays         = "reg_arrays"
+	XdpaggVarRegSlots          = "reg_slots"
 	XdpaggVarSlotTimeoutNs     = "slot_timeout_ns"
 	XdpaggVarSourceCheck       = "source_check"
 	XdpaggVarUnusedCacheStats  = "unused_cache_stats"
+	XdpaggVarUnusedColdPair    = "unused_cold_pair"
 	XdpaggVarUnusedCounter     = "unused_counter"
 	XdpaggVarUnusedCtlAuth     = "unused_ctl_auth"
 	XdpaggVarUnusedEncoding    = "unused_encoding"
@@ -304,10 +415,14 @@ const (
 	XdpaggVarUnusedGcArgs      = "unused_gc_args"
 	XdpaggVarUnusedHdr         = "unused_hdr"
 	XdpaggVarUnusedJoinBody    = "unused_join_body"
+	XdpaggVarUnusedKvPair      = "unused_kv_pair"
 	XdpaggVarUnusedLimit       = "unused_limit"
 	XdpaggVarUnusedMsgType     = "unused_msg_type"
+	XdpaggVarUnusedRegRead     = "unused_reg_read"
 	XdpaggVarUnusedResultRec   = "unused_result_rec"
 	XdpaggVarUnusedSlotState   = "unused_slot_state"
+	XdpaggVarUnusedSparseHdr   = "unused_sparse_hdr"
+	XdpaggVarUnusedSparseState = "unused_sparse_state"
 )
 
 // LoadXdpagg returns the embedded CollectionSpec for Xdpagg.
@@ -355,6 +470,7 @@ type XdpaggProgramSpecs struct {
 	XdpaggEgress *ebpf.ProgramSpec `ebpf:"xdpagg_egress"`
 	XdpaggGc     *ebpf.ProgramSpec `ebpf:"xdpagg_gc"`
 	XdpaggPass   *ebpf.ProgramSpec `ebpf:"xdpagg_pass"`
+	XdpaggSparse *ebpf.ProgramSpec `ebpf:"xdpagg_sparse"`
 	XdpaggSwitch *ebpf.ProgramSpec `ebpf:"xdpagg_switch"`
 }
 
@@ -362,17 +478,22 @@ type XdpaggProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggMapSpecs struct {
-	Counters   *ebpf.MapSpec `ebpf:"counters"`
-	CtlBudget  *ebpf.MapSpec `ebpf:"ctl_budget"`
-	JobKeys    *ebpf.MapSpec `ebpf:"job_keys"`
-	Jobs       *ebpf.MapSpec `ebpf:"jobs"`
-	Members    *ebpf.MapSpec `ebpf:"members"`
-	PortQueues *ebpf.MapSpec `ebpf:"port_queues"`
-	Ports      *ebpf.MapSpec `ebpf:"ports"`
-	Results    *ebpf.MapSpec `ebpf:"results"`
-	ScratchBuf *ebpf.MapSpec `ebpf:"scratch_buf"`
-	Slots      *ebpf.MapSpec `ebpf:"slots"`
-	Workers    *ebpf.MapSpec `ebpf:"workers"`
+	Counters    *ebpf.MapSpec `ebpf:"counters"`
+	CtlBudget   *ebpf.MapSpec `ebpf:"ctl_budget"`
+	JobKeys     *ebpf.MapSpec `ebpf:"job_keys"`
+	Jobs        *ebpf.MapSpec `ebpf:"jobs"`
+	Members     *ebpf.MapSpec `ebpf:"members"`
+	PortQueues  *ebpf.MapSpec `ebpf:"port_queues"`
+	Ports       *ebpf.MapSpec `ebpf:"ports"`
+	RecircHist  *ebpf.MapSpec `ebpf:"recirc_hist"`
+	Registers   *ebpf.MapSpec `ebpf:"registers"`
+	Results     *ebpf.MapSpec `ebpf:"results"`
+	ScratchBuf  *ebpf.MapSpec `ebpf:"scratch_buf"`
+	Slots       *ebpf.MapSpec `ebpf:"slots"`
+	SparseJobs  *ebpf.MapSpec `ebpf:"sparse_jobs"`
+	SparsePass  *ebpf.MapSpec `ebpf:"sparse_pass"`
+	SparseProgs *ebpf.MapSpec `ebpf:"sparse_progs"`
+	Workers     *ebpf.MapSpec `ebpf:"workers"`
 }
 
 // XdpaggVariableSpecs contains global variables before they are loaded into the kernel.
@@ -386,9 +507,12 @@ type XdpaggVariableSpecs struct {
 	EcnThresholdBytes *ebpf.VariableSpec `ebpf:"ecn_threshold_bytes"`
 	PoolSize          *ebpf.VariableSpec `ebpf:"pool_size"`
 	PortRateBps       *ebpf.VariableSpec `ebpf:"port_rate_Bps"`
+	RegArrays         *ebpf.VariableSpec `ebpf:"reg_arrays"`
+	RegSlots          *ebpf.VariableSpec `ebpf:"reg_slots"`
 	SlotTimeoutNs     *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
 	SourceCheck       *ebpf.VariableSpec `ebpf:"source_check"`
 	UnusedCacheStats  *ebpf.VariableSpec `ebpf:"unused_cache_stats"`
+	UnusedColdPair    *ebpf.VariableSpec `ebpf:"unused_cold_pair"`
 	UnusedCounter     *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedCtlAuth     *ebpf.VariableSpec `ebpf:"unused_ctl_auth"`
 	UnusedEncoding    *ebpf.VariableSpec `ebpf:"unused_encoding"`
@@ -396,10 +520,14 @@ type XdpaggVariableSpecs struct {
 	UnusedGcArgs      *ebpf.VariableSpec `ebpf:"unused_gc_args"`
 	UnusedHdr         *ebpf.VariableSpec `ebpf:"unused_hdr"`
 	UnusedJoinBody    *ebpf.VariableSpec `ebpf:"unused_join_body"`
+	UnusedKvPair      *ebpf.VariableSpec `ebpf:"unused_kv_pair"`
 	UnusedLimit       *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedMsgType     *ebpf.VariableSpec `ebpf:"unused_msg_type"`
+	UnusedRegRead     *ebpf.VariableSpec `ebpf:"unused_reg_read"`
 	UnusedResultRec   *ebpf.VariableSpec `ebpf:"unused_result_rec"`
 	UnusedSlotState   *ebpf.VariableSpec `ebpf:"unused_slot_state"`
+	UnusedSparseHdr   *ebpf.VariableSpec `ebpf:"unused_sparse_hdr"`
+	UnusedSparseState *ebpf.VariableSpec `ebpf:"unused_sparse_state"`
 }
 
 // XdpaggObjects contains all objects after they have been loaded into the kernel.
@@ -422,17 +550,22 @@ func (o *XdpaggObjects) Close() error {
 //
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggMaps struct {
-	Counters   *ebpf.Map `ebpf:"counters"`
-	CtlBudget  *ebpf.Map `ebpf:"ctl_budget"`
-	JobKeys    *ebpf.Map `ebpf:"job_keys"`
-	Jobs       *ebpf.Map `ebpf:"jobs"`
-	Members    *ebpf.Map `ebpf:"members"`
-	PortQueues *ebpf.Map `ebpf:"port_queues"`
-	Ports      *ebpf.Map `ebpf:"ports"`
-	Results    *ebpf.Map `ebpf:"results"`
-	ScratchBuf *ebpf.Map `ebpf:"scratch_buf"`
-	Slots      *ebpf.Map `ebpf:"slots"`
-	Workers    *ebpf.Map `ebpf:"workers"`
+	Counters    *ebpf.Map `ebpf:"counters"`
+	CtlBudget   *ebpf.Map `ebpf:"ctl_budget"`
+	JobKeys     *ebpf.Map `ebpf:"job_keys"`
+	Jobs        *ebpf.Map `ebpf:"jobs"`
+	Members     *ebpf.Map `ebpf:"members"`
+	PortQueues  *ebpf.Map `ebpf:"port_queues"`
+	Ports       *ebpf.Map `ebpf:"ports"`
+	RecircHist  *ebpf.Map `ebpf:"recirc_hist"`
+	Registers   *ebpf.Map `ebpf:"registers"`
+	Results     *ebpf.Map `ebpf:"results"`
+	ScratchBuf  *ebpf.Map `ebpf:"scratch_buf"`
+	Slots       *ebpf.Map `ebpf:"slots"`
+	SparseJobs  *ebpf.Map `ebpf:"sparse_jobs"`
+	SparsePass  *ebpf.Map `ebpf:"sparse_pass"`
+	SparseProgs *ebpf.Map `ebpf:"sparse_progs"`
+	Workers     *ebpf.Map `ebpf:"workers"`
 }
 
 func (m *XdpaggMaps) Close() error {
@@ -444,9 +577,14 @@ func (m *XdpaggMaps) Close() error {
 		m.Members,
 		m.PortQueues,
 		m.Ports,
+		m.RecircHist,
+		m.Registers,
 		m.Results,
 		m.ScratchBuf,
 		m.Slots,
+		m.SparseJobs,
+		m.SparsePass,
+		m.SparseProgs,
 		m.Workers,
 	)
 }
@@ -462,9 +600,12 @@ type XdpaggVariables struct {
 	EcnThresholdBytes *ebpf.Variable `ebpf:"ecn_threshold_bytes"`
 	PoolSize          *ebpf.Variable `ebpf:"pool_size"`
 	PortRateBps       *ebpf.Variable `ebpf:"port_rate_Bps"`
+	RegArrays         *ebpf.Variable `ebpf:"reg_arrays"`
+	RegSlots          *ebpf.Variable `ebpf:"reg_slots"`
 	SlotTimeoutNs     *ebpf.Variable `ebpf:"slot_timeout_ns"`
 	SourceCheck       *ebpf.Variable `ebpf:"source_check"`
 	UnusedCacheStats  *ebpf.Variable `ebpf:"unused_cache_stats"`
+	UnusedColdPair    *ebpf.Variable `ebpf:"unused_cold_pair"`
 	UnusedCounter     *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedCtlAuth     *ebpf.Variable `ebpf:"unused_ctl_auth"`
 	UnusedEncoding    *ebpf.Variable `ebpf:"unused_encoding"`
@@ -472,10 +613,14 @@ type XdpaggVariables struct {
 	UnusedGcArgs      *ebpf.Variable `ebpf:"unused_gc_args"`
 	UnusedHdr         *ebpf.Variable `ebpf:"unused_hdr"`
 	UnusedJoinBody    *ebpf.Variable `ebpf:"unused_join_body"`
+	UnusedKvPair      *ebpf.Variable `ebpf:"unused_kv_pair"`
 	UnusedLimit       *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedMsgType     *ebpf.Variable `ebpf:"unused_msg_type"`
+	UnusedRegRead     *ebpf.Variable `ebpf:"unused_reg_read"`
 	UnusedResultRec   *ebpf.Variable `ebpf:"unused_result_rec"`
 	UnusedSlotState   *ebpf.Variable `ebpf:"unused_slot_state"`
+	UnusedSparseHdr   *ebpf.Variable `ebpf:"unused_sparse_hdr"`
+	UnusedSparseState *ebpf.Variable `ebpf:"unused_sparse_state"`
 }
 
 // XdpaggPrograms contains all programs after they have been loaded into the kernel.
@@ -485,6 +630,7 @@ type XdpaggPrograms struct {
 	XdpaggEgress *ebpf.Program `ebpf:"xdpagg_egress"`
 	XdpaggGc     *ebpf.Program `ebpf:"xdpagg_gc"`
 	XdpaggPass   *ebpf.Program `ebpf:"xdpagg_pass"`
+	XdpaggSparse *ebpf.Program `ebpf:"xdpagg_sparse"`
 	XdpaggSwitch *ebpf.Program `ebpf:"xdpagg_switch"`
 }
 
@@ -493,6 +639,7 @@ func (p *XdpaggPrograms) Close() error {
 		p.XdpaggEgress,
 		p.XdpaggGc,
 		p.XdpaggPass,
+		p.XdpaggSparse,
 		p.XdpaggSwitch,
 	)
 }

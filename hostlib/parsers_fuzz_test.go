@@ -859,13 +859,15 @@ func FuzzPSHandle(f *testing.F) {
 				m := ms[h.WorkerId]
 				return m.Addr() == src.Addr() && (m.Port() == 0 || m.Port() == src.Port())
 			}
+			unsupported := err == wire.ErrEncoding ||
+				(len(b) >= wire.HdrSize && h.Version == wire.Version && h.Reserved == 0 && h.Type == wire.MsgData && wire.Sparse(h.Encoding))
 			switch {
-			case len(b) > wire.MaxPacket || (err != nil && err != wire.ErrEncoding) || h.Type != wire.MsgData:
+			case len(b) > wire.MaxPacket || (err != nil && !unsupported) || h.Type != wire.MsgData:
 			case !open && !admitted:
 				verdict = vUnknownJob
 			case !open && !memberOK():
 				verdict = vNotMember
-			case err == wire.ErrEncoding || (h.Encoding != wire.EncFixed32 && h.Encoding != wire.EncFloat32):
+			case unsupported || (h.Encoding != wire.EncFixed32 && h.Encoding != wire.EncFloat32):
 				verdict = vUnsupported
 			case !open && !level1 && int(fan) != len(ms):
 			default:

@@ -587,10 +587,12 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 		return
 	}
 	h, vals, err := wire.ParsePacket(b)
-	// An unknown or reserved encoding (wire.ErrEncoding) is the one parse error that still leaves
-	// a DATA packet whose sender can be checked (wire.ParsePacket checked the lengths before it).
-	unsupported := err == wire.ErrEncoding
-	if (err != nil && err != wire.ErrEncoding) || h.Type != wire.MsgData {
+	// An unknown encoding (wire.ErrEncoding) and the sparse encodings, which SparsePS serves, are
+	// not this PS's; their header still names a sender that can be checked, and they are
+	// counted as unsupported rather than malformed.
+	unsupported := err == wire.ErrEncoding ||
+		(len(b) >= wire.HdrSize && h.Version == wire.Version && h.Reserved == 0 && h.Type == wire.MsgData && wire.Sparse(h.Encoding))
+	if (err != nil && !unsupported) || h.Type != wire.MsgData {
 		st.malformed.Add(1)
 		return
 	}

@@ -35,6 +35,8 @@ const (
 	// slot), so 128 Ki slots take about 420 MiB of kernel memory.
 	MaxPoolSize = 1 << 17
 	DefaultPort = bpf.DefaultPort
+	// MaxRegArrays bounds the hot-parameter register arrays (3 KiB each, twice): 48 MiB.
+	MaxRegArrays = 8192
 )
 
 // Config is the switch's runtime configuration, written into the program's `volatile const`
@@ -68,6 +70,13 @@ type Config struct {
 	// (ctl_limited), so one port's flood cannot crowd out the others at the agent's socket.
 	ControlRate  uint32
 	ControlBurst uint32
+	// RegArrays is the number of hot-parameter register arrays the switch holds for sparse
+	// jobs (default 512), each of RegSlots slots (default and most bpf.RegSlots, 256); a sparse
+	// job owns up to bpf.JobMaxArrays (256) of them (job add --reg-arrays). Memory: 2
+	// (iteration parities) x RegArrays x 3 KiB (an 8-byte cell and a 4-byte hit counter per
+	// compiled slot), whatever RegSlots is: 3 MiB by default.
+	RegArrays uint32
+	RegSlots  uint32
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -87,6 +96,12 @@ func (c Config) WithDefaults() Config {
 	if c.ControlBurst == 0 {
 		c.ControlBurst = 2000
 	}
+	if c.RegArrays == 0 {
+		c.RegArrays = 512
+	}
+	if c.RegSlots == 0 {
+		c.RegSlots = bpf.RegSlots
+	}
 	return c
 }
 
@@ -97,6 +112,12 @@ func (c Config) Validate() error {
 	}
 	if c.SlotTimeout < time.Millisecond {
 		return fmt.Errorf("%w: slot timeout %v: use at least 1ms", ErrConfig, c.SlotTimeout)
+	}
+	if c.RegArrays > MaxRegArrays {
+		return fmt.Errorf("%w: %d register arrays: use at most %d", ErrConfig, c.RegArrays, MaxRegArrays)
+	}
+	if c.RegSlots > bpf.RegSlots {
+		return fmt.Errorf("%w: %d slots per register array: use 1..%d", ErrConfig, c.RegSlots, bpf.RegSlots)
 	}
 	if c.ControlRate > 1e9 {
 		return fmt.Errorf("%w: control rate %d/s: use at most 1e9", ErrConfig, c.ControlRate)
@@ -126,6 +147,8 @@ func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
 		bpf.XdpaggVarCacheResults:  uint32(0),
 		bpf.XdpaggVarPortRateBps:   cfg.PortRate,
 		bpf.XdpaggVarSourceCheck:   uint32(1),
+		bpf.XdpaggVarRegArrays:     cfg.RegArrays,
+		bpf.XdpaggVarRegSlots:      cfg.RegSlots,
 	}
 	if cfg.NoSourceCheck {
 		sets[bpf.XdpaggVarSourceCheck] = uint32(0)
@@ -151,6 +174,7 @@ func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
 		}
 	}
 	spec.Maps[bpf.XdpaggMapSlots].MaxEntries = cfg.PoolSize
+	spec.Maps[bpf.XdpaggMapRegisters].MaxEntries = 2 * max(cfg.RegArrays, 1)
 	return spec, nil
 }
 
@@ -274,6 +298,7 @@ func (s *Switch) pinnedMaps() []namedMap {
 		bpf.XdpaggMapSlots: o.Slots, bpf.XdpaggMapMembers: o.Members, bpf.XdpaggMapPorts: o.Ports,
 		bpf.XdpaggMapCounters: o.Counters, bpf.XdpaggMapWorkers: o.Workers, bpf.XdpaggMapJobs: o.Jobs,
 		bpf.XdpaggMapJobKeys: o.JobKeys, bpf.XdpaggMapCtlBudget: o.CtlBudget,
+		bpf.XdpaggMapRegisters: o.Registers, bpf.XdpaggMapSparseJobs: o.SparseJobs, bpf.XdpaggMapRecircHist: o.RecircHist,
 	}
 	out := make([]namedMap, 0, len(maps.PinnedMaps))
 	for _, n := range maps.PinnedMaps {

@@ -88,7 +88,7 @@ func xdpProgID(t *testing.T, ifindex int) uint32 {
 func TestConfigWithDefaults(t *testing.T) {
 	got := loader.Config{}.WithDefaults()
 	want := loader.Config{Port: loader.DefaultPort, PoolSize: 4096, SlotTimeout: 5 * time.Second,
-		ControlRate: 20000, ControlBurst: 2000}
+		ControlRate: 20000, ControlBurst: 2000, RegArrays: 512, RegSlots: bpf.RegSlots}
 	if got != want {
 		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
 	}
@@ -99,7 +99,7 @@ func TestConfigWithDefaults(t *testing.T) {
 		t.Errorf("DefaultPort = %d, want 9510 (docs/protocol.md)", loader.DefaultPort)
 	}
 	set := loader.Config{Port: 1, PoolSize: 2, SlotTimeout: time.Millisecond, Generic: true,
-		NoSourceCheck: true, ControlRate: 1, ControlBurst: 1}
+		NoSourceCheck: true, ControlRate: 1, ControlBurst: 1, RegArrays: 3, RegSlots: 4}
 	if got := set.WithDefaults(); got != set {
 		t.Errorf("WithDefaults changed set fields: %+v -> %+v", set, got)
 	}
@@ -250,7 +250,7 @@ func TestSpec(t *testing.T) {
 func TestLoadAppliesConfig(t *testing.T) {
 	sw := load(t, loader.Config{PoolSize: 33})
 	want := loader.Config{Port: loader.DefaultPort, PoolSize: 33, SlotTimeout: 5 * time.Second,
-		ControlRate: 20000, ControlBurst: 2000}
+		ControlRate: 20000, ControlBurst: 2000, RegArrays: 512, RegSlots: bpf.RegSlots}
 	if sw.Config != want {
 		t.Errorf("Config = %+v, want the defaults applied: %+v", sw.Config, want)
 	}
@@ -287,7 +287,8 @@ func TestPinAndClose(t *testing.T) {
 		t.Fatalf("Pin: %v", err)
 	}
 	names := []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts, bpf.XdpaggMapCounters,
-		bpf.XdpaggMapWorkers, bpf.XdpaggMapJobs, bpf.XdpaggMapJobKeys, bpf.XdpaggMapCtlBudget}
+		bpf.XdpaggMapWorkers, bpf.XdpaggMapJobs, bpf.XdpaggMapJobKeys, bpf.XdpaggMapCtlBudget,
+		bpf.XdpaggMapRegisters, bpf.XdpaggMapSparseJobs, bpf.XdpaggMapRecircHist}
 	if !slices.Equal(maps.PinnedMaps, names) {
 		t.Errorf("maps.PinnedMaps = %v, want %v", maps.PinnedMaps, names)
 	}

@@ -47,6 +47,10 @@ type Job struct {
 	MaxSlots  uint32         `json:"max_slots"`  // slot quota
 	Held      int32          `json:"held"`       // slots held now (read from the datapath; ignored by AddJob)
 	Joined    uint32         `json:"joined"`     // bitmap of worker ids bound now (ListJobs/GetJob)
+	// RegArrays makes a sparse job: the register arrays (m) it owns for hot parameters, of
+	// each parity; 0 for a dense job. AddJob picks RegBase, the first of them.
+	RegArrays uint16 `json:"reg_arrays,omitempty"`
+	RegBase   uint16 `json:"reg_base,omitempty"`
 }
 
 func (j Job) encode() (bpf.XdpaggJob, error) {
@@ -62,23 +66,34 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 		return v, fmt.Errorf("%w: %d workers: use 1..%d", ErrBadJob, j.Workers, bpf.MaxWorkers)
 	case j.MaxSlots == 0:
 		return v, fmt.Errorf("%w: slot quota 0", ErrBadJob)
+	case uint32(j.RegArrays) > bpf.JobMaxArrays:
+		return v, fmt.Errorf("%w: %d register arrays: use at most %d", ErrBadJob, j.RegArrays, bpf.JobMaxArrays)
 	}
 	v.PsIp = wire.IPv4ToMap(j.PS.Addr())
 	v.PsPort = wire.PortToMap(j.PS.Port())
 	v.PsIfindex = j.PSIfindex
 	v.FanIn = j.Workers
 	v.MaxSlots = j.MaxSlots
+	v.RegBase = j.RegBase
+	v.RegArrays = j.RegArrays
 	return v, nil
 }
 
 func decodeJob(id uint32, v bpf.XdpaggJob) Job {
 	return Job{JobID: id, PS: netip.AddrPortFrom(wire.IPv4FromMap(v.PsIp), wire.PortFromMap(v.PsPort)), PSIfindex: v.PsIfindex,
-		Workers: v.FanIn, MaxSlots: v.MaxSlots, Held: v.Held}
+		Workers: v.FanIn, MaxSlots: v.MaxSlots, Held: v.Held, RegArrays: v.RegArrays, RegBase: v.RegBase}
 }
 
 // AddJob admits a job with its control key (KeySize bytes). It fails with ErrJobExists if the id
 // is taken: a job's PS and fan-in never change while it exists (remove and add it again).
 func (m *Maps) AddJob(j Job, key []byte) error {
+	if j.RegArrays > 0 {
+		base, err := m.allocArrays(j.RegArrays)
+		if err != nil {
+			return err
+		}
+		j.RegBase = base
+	}
 	v, err := j.encode()
 	if err != nil {
 		return err
@@ -101,6 +116,13 @@ func (m *Maps) AddJob(j Job, key []byte) error {
 			return fmt.Errorf("%w: job %d", ErrJobExists, j.JobID)
 		}
 		return fmt.Errorf("admit job %d: %w", j.JobID, err)
+	}
+	if j.RegArrays > 0 {
+		if err := m.initSparse(j); err != nil {
+			_ = m.Jobs.Delete(&j.JobID)
+			_ = m.JobKeys.Delete(&j.JobID)
+			return err
+		}
 	}
 	return nil
 }
@@ -230,6 +252,11 @@ func (m *Maps) RemoveJob(id uint32) (int, error) {
 	for _, k := range left {
 		if err := m.Workers.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
+		}
+	}
+	if m.SparseJobs != nil {
+		if err := m.SparseJobs.Delete(&id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("remove sparse state of job %d: %w", id, err))
 		}
 	}
 	freed, err := m.collect(id)

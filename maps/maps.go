@@ -53,6 +53,15 @@ const (
 	CntIPInvalid   = bpf.XdpaggCounterCNT_IP_INVALID
 	CntOverQuota   = bpf.XdpaggCounterCNT_OVER_QUOTA
 	CntCtlLimited  = bpf.XdpaggCounterCNT_CTL_LIMITED
+	CntSparseStale = bpf.XdpaggCounterCNT_SPARSE_STALE
+	CntSparsePairs = bpf.XdpaggCounterCNT_SPARSE_PAIRS
+	CntSparseSpill = bpf.XdpaggCounterCNT_SPARSE_SPILLED
+	CntSparseDone  = bpf.XdpaggCounterCNT_SPARSE_DONE
+	CntRecirc      = bpf.XdpaggCounterCNT_RECIRCULATED
+	CntPull        = bpf.XdpaggCounterCNT_PULL
+	CntPullPending = bpf.XdpaggCounterCNT_PULL_PENDING
+	CntRegOverflow = bpf.XdpaggCounterCNT_REG_OVERFLOW
+	CntTailcallErr = bpf.XdpaggCounterCNT_TAILCALL_ERR
 	NumCounters    = int(bpf.XdpaggCounterCNT_MAX)
 )
 
@@ -85,6 +94,15 @@ var counterNames = [NumCounters]string{
 	CntIPInvalid:   "ip_invalid",
 	CntOverQuota:   "over_quota",
 	CntCtlLimited:  "ctl_limited",
+	CntSparseStale: "sparse_stale",
+	CntSparsePairs: "sparse_pairs",
+	CntSparseSpill: "sparse_spilled",
+	CntSparseDone:  "sparse_done",
+	CntRecirc:      "recirculated",
+	CntPull:        "pull",
+	CntPullPending: "pull_pending",
+	CntRegOverflow: "reg_overflow",
+	CntTailcallErr: "tailcall_err",
 }
 
 // CounterName is the stable snake_case name of a counter (used in JSON and metrics).
@@ -127,6 +145,12 @@ type Maps struct {
 	// CtlBudget is ifindex -> bpf.XdpaggCtlBucket, the per-port control-message budget.
 	CtlBudget *ebpf.Map
 	Results   *ebpf.Map // ring buffer of bpf.XdpaggResultRec (retransmit cache feed); nil when opened pinned
+	// Registers is parity*arrays+array -> bpf.XdpaggRegArray, the hot-parameter registers.
+	Registers *ebpf.Map
+	// SparseJobs is job id -> bpf.XdpaggSparseJob, sparse jobs' iteration records.
+	SparseJobs *ebpf.Map
+	// RecircHist is passes -> per-CPU u64, the recirculation histogram of hot packets.
+	RecircHist *ebpf.Map
 	// GC is the xdpagg_gc program (slot garbage collector, run with BPF_PROG_TEST_RUN).
 	GC    *ebpf.Program
 	owned bool
@@ -137,7 +161,8 @@ func New(o *bpf.XdpaggObjects) *Maps {
 	m := &o.XdpaggMaps
 	return &Maps{Slots: m.Slots, Members: m.Members, Ports: m.Ports, Counters: m.Counters,
 		Workers: m.Workers, Jobs: m.Jobs, JobKeys: m.JobKeys, CtlBudget: m.CtlBudget,
-		Results: m.Results, GC: o.XdpaggGc}
+		Results: m.Results, Registers: m.Registers, SparseJobs: m.SparseJobs, RecircHist: m.RecircHist,
+		GC: o.XdpaggGc}
 }
 
 // PinnedGC is where a switch pins its garbage collector program, relative to its pin directory.
@@ -146,20 +171,23 @@ const PinnedGC = "progs/xdpagg_gc"
 // PinnedMaps names the maps a switch pins under dir/maps (the ring buffer is the agent's alone).
 var PinnedMaps = []string{bpf.XdpaggMapSlots, bpf.XdpaggMapMembers, bpf.XdpaggMapPorts,
 	bpf.XdpaggMapCounters, bpf.XdpaggMapWorkers, bpf.XdpaggMapJobs, bpf.XdpaggMapJobKeys,
-	bpf.XdpaggMapCtlBudget}
+	bpf.XdpaggMapCtlBudget, bpf.XdpaggMapRegisters, bpf.XdpaggMapSparseJobs, bpf.XdpaggMapRecircHist}
 
 // OpenPinned opens the maps a switch pinned under dir (loader.Switch.Pin).
 func OpenPinned(dir string) (*Maps, error) {
 	m := &Maps{owned: true}
 	for name, dst := range map[string]**ebpf.Map{
-		bpf.XdpaggMapSlots:     &m.Slots,
-		bpf.XdpaggMapMembers:   &m.Members,
-		bpf.XdpaggMapPorts:     &m.Ports,
-		bpf.XdpaggMapCounters:  &m.Counters,
-		bpf.XdpaggMapWorkers:   &m.Workers,
-		bpf.XdpaggMapJobs:      &m.Jobs,
-		bpf.XdpaggMapJobKeys:   &m.JobKeys,
-		bpf.XdpaggMapCtlBudget: &m.CtlBudget,
+		bpf.XdpaggMapSlots:      &m.Slots,
+		bpf.XdpaggMapMembers:    &m.Members,
+		bpf.XdpaggMapPorts:      &m.Ports,
+		bpf.XdpaggMapCounters:   &m.Counters,
+		bpf.XdpaggMapWorkers:    &m.Workers,
+		bpf.XdpaggMapJobs:       &m.Jobs,
+		bpf.XdpaggMapJobKeys:    &m.JobKeys,
+		bpf.XdpaggMapCtlBudget:  &m.CtlBudget,
+		bpf.XdpaggMapRegisters:  &m.Registers,
+		bpf.XdpaggMapSparseJobs: &m.SparseJobs,
+		bpf.XdpaggMapRecircHist: &m.RecircHist,
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, "maps", name), &ebpf.LoadPinOptions{ReadOnly: false})
 		if err != nil {
@@ -186,7 +214,8 @@ func (m *Maps) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.Slots, m.Members, m.Ports, m.Counters, m.Workers, m.Jobs, m.JobKeys, m.CtlBudget} {
+	for _, mp := range []*ebpf.Map{m.Slots, m.Members, m.Ports, m.Counters, m.Workers, m.Jobs, m.JobKeys, m.CtlBudget,
+		m.Registers, m.SparseJobs, m.RecircHist} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}

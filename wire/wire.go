@@ -34,6 +34,24 @@ const (
 	CtlAuthSize = 24
 	// MaxPacket is the largest xdpagg UDP payload: the header and MaxValues 4-byte values.
 	MaxPacket = HdrSize + 4*MaxValues
+	// SparseHdrSize is the size of the sparse header (struct sparse_hdr) after the header.
+	SparseHdrSize = 8
+	// KVPairSize and ColdPairSize are the sizes of a hot pair (struct kv_pair; also struct
+	// reg_read in a MSG_PULL answer) and a cold pair (struct cold_pair).
+	KVPairSize   = 8
+	ColdPairSize = 12
+	// SparseMaxPairs and ColdMaxPairs are the most hot and cold pairs a packet may carry (at an
+	// MTU of 3388 or more); SparseStdPairs and ColdStdPairs fill a 1500-byte MTU.
+	SparseMaxPairs = 415
+	SparseStdPairs = 179
+	ColdMaxPairs   = 276
+	ColdStdPairs   = 119
+	// SparseMaxPkts is the most hot packets one worker may send the switch for one iteration.
+	SparseMaxPkts = 256
+	// SparseMaxPasses bounds the passes (1 + recirculations) of a hot packet in the switch.
+	SparseMaxPasses = 4
+	// RankPlaced marks a hot pair the switch has summed (in packets it hands the PS).
+	RankPlaced = uint32(0xffffffff)
 )
 
 // Message types (enum msg_type), typed as Header.Type.
@@ -46,13 +64,15 @@ const (
 	MsgAck        = uint8(6)
 	MsgRetransmit = uint8(7)
 	MsgHeartbeat  = uint8(8) // reserved: malformed
+	MsgPull       = uint8(9)
 )
 
 // Value encodings (enum encoding), typed as Header.Encoding.
 const (
-	EncFixed32  = uint8(0)
-	EncFloat32  = uint8(1)
-	EncSparseKV = uint8(2) // reserved: malformed in DATA and RESULT
+	EncFixed32    = uint8(0)
+	EncFloat32    = uint8(1)
+	EncSparseKV   = uint8(2) // hot pairs: DATA (worker -> switch) and MSG_PULL
+	EncSparseCold = uint8(3) // cold pairs: DATA (worker -> PS) and RESULT (the PS's update)
 )
 
 // Header flags (enum flag), typed as Header.Flags.
@@ -66,6 +86,8 @@ const (
 	FlagShadow     = uint16(1 << 6)
 	FlagCached     = uint16(1 << 7)
 	FlagRehash     = uint16(1 << 8)
+	FlagSparseDone = uint16(1 << 9)
+	FlagPending    = uint16(1 << 10)
 )
 
 // Byte offsets of struct hdr's fields. The header is little-endian throughout, so the switch adds
@@ -196,22 +218,83 @@ var (
 	ErrJob      = fmt.Errorf("%w: job id 0", ErrMalformed)
 	ErrFanIn    = fmt.Errorf("%w: fan-in outside 1..%d", ErrMalformed, MaxWorkers)
 	ErrBitmap   = fmt.Errorf("%w: contributor bitmap empty or beyond the fan-in", ErrMalformed)
+	// ErrSparseCount: more pairs than a packet may carry, or a PULL for none.
+	ErrSparseCount = fmt.Errorf("%w: sparse pair count out of range", ErrMalformed)
+	// ErrNpkts: a sparse header whose packet count disagrees with the packet's index or type.
+	ErrNpkts = fmt.Errorf("%w: sparse packet count or index out of range", ErrMalformed)
 )
 
-// KnownType reports whether t is a message type the switch acts on: DATA and RESULT, which it
-// handles, and JOIN, LEAVE, ACK and RETRANSMIT, which it passes to its agent. MSG_RESET and
+// KnownType reports whether t is a message type the switch acts on: DATA, RESULT and PULL, which
+// it handles, and JOIN, LEAVE, ACK and RETRANSMIT, which it passes to its agent. MSG_RESET and
 // MSG_HEARTBEAT are reserved, and they and every other value are malformed.
 func KnownType(t uint8) bool {
 	switch t {
-	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgAck, MsgRetransmit:
+	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgAck, MsgRetransmit, MsgPull:
 		return true
 	}
 	return false
 }
 
-// KnownEncoding reports whether e is an encoding DATA and RESULT may carry: ENC_FIXED32 and
-// ENC_FLOAT32 (ENC_SPARSE_KV is reserved).
-func KnownEncoding(e uint8) bool { return e == EncFixed32 || e == EncFloat32 }
+// KnownEncoding reports whether e is an encoding DATA, RESULT or PULL may carry.
+func KnownEncoding(e uint8) bool { return e <= EncSparseCold }
+
+// Sparse reports whether e is one of the sparse encodings, whose payload starts with a
+// SparseHeader.
+func Sparse(e uint8) bool { return e == EncSparseKV || e == EncSparseCold }
+
+// SparseHeader is struct sparse_hdr: what sparse packets carry after the header.
+type SparseHeader struct {
+	_          structs.HostLayout
+	HotVersion uint32
+	Npkts      uint16
+	Spilled    uint16
+}
+
+// EncodeSparseHeader writes sh into dst[:SparseHdrSize]; DecodeSparseHeader reads it. Both panic
+// if the slice is shorter.
+func EncodeSparseHeader(dst []byte, sh *SparseHeader) {
+	_ = dst[SparseHdrSize-1]
+	binary.LittleEndian.PutUint32(dst[0:], sh.HotVersion)
+	binary.LittleEndian.PutUint16(dst[4:], sh.Npkts)
+	binary.LittleEndian.PutUint16(dst[6:], sh.Spilled)
+}
+
+// DecodeSparseHeader reads a sparse header from b[:SparseHdrSize].
+func DecodeSparseHeader(b []byte, sh *SparseHeader) {
+	_ = b[SparseHdrSize-1]
+	sh.HotVersion = binary.LittleEndian.Uint32(b[0:])
+	sh.Npkts = binary.LittleEndian.Uint16(b[4:])
+	sh.Spilled = binary.LittleEndian.Uint16(b[6:])
+}
+
+// PutKV writes hot pair i (rank, fixed-point value) into pairs, the bytes after the sparse header;
+// KV reads it. In a MSG_PULL answer the same 8 bytes are a struct reg_read: KV's rank is then the
+// sum's bits and its value the hit count's (use RegRead).
+func PutKV(pairs []byte, i int, rank uint32, v int32) {
+	binary.LittleEndian.PutUint32(pairs[i*KVPairSize:], rank)
+	binary.LittleEndian.PutUint32(pairs[i*KVPairSize+4:], uint32(v))
+}
+
+// KV reads hot pair i.
+func KV(pairs []byte, i int) (rank uint32, v int32) {
+	return binary.LittleEndian.Uint32(pairs[i*KVPairSize:]), int32(binary.LittleEndian.Uint32(pairs[i*KVPairSize+4:]))
+}
+
+// RegRead reads slot i of a MSG_PULL answer: the fixed-point sum and the slot's hit counter.
+func RegRead(pairs []byte, i int) (sum int32, hits uint32) {
+	return int32(binary.LittleEndian.Uint32(pairs[i*KVPairSize:])), binary.LittleEndian.Uint32(pairs[i*KVPairSize+4:])
+}
+
+// PutCold writes cold pair i (key, float32 bits) into pairs; Cold reads it.
+func PutCold(pairs []byte, i int, key uint64, bits uint32) {
+	binary.LittleEndian.PutUint64(pairs[i*ColdPairSize:], key)
+	binary.LittleEndian.PutUint32(pairs[i*ColdPairSize+8:], bits)
+}
+
+// Cold reads cold pair i.
+func Cold(pairs []byte, i int) (key uint64, bits uint32) {
+	return binary.LittleEndian.Uint64(pairs[i*ColdPairSize:]), binary.LittleEndian.Uint32(pairs[i*ColdPairSize+8:])
+}
 
 // ParsePacket parses one xdpagg UDP payload and checks it as the switch does (parse_l4 in
 // bpf/parse.h, then handle_data/handle_result and the type dispatch of bpf/xdpagg.c), so a packet
@@ -245,30 +328,85 @@ func ParsePacket(b []byte) (h Header, values []byte, err error) {
 	if !KnownType(h.Type) {
 		return h, nil, ErrType
 	}
-	if h.Type != MsgData && h.Type != MsgResult {
+	if h.Type != MsgData && h.Type != MsgResult && h.Type != MsgPull {
 		return h, b[HdrSize:], nil
 	}
 	n := int(h.Count)
-	if n == 0 || n > MaxValues {
-		return h, nil, ErrCount
+	if !Sparse(h.Encoding) || h.Type == MsgPull {
+		if h.Type == MsgPull {
+			if h.Encoding != EncSparseKV {
+				return h, nil, ErrEncoding
+			}
+		} else {
+			if n == 0 || n > MaxValues {
+				return h, nil, ErrCount
+			}
+			if len(b) != HdrSize+4*n {
+				return h, nil, ErrLength
+			}
+			if !KnownEncoding(h.Encoding) {
+				return h, nil, ErrEncoding
+			}
+			if h.JobId == 0 {
+				return h, nil, ErrJob
+			}
+			if err := checkLevel(&h); err != nil {
+				return h, nil, err
+			}
+			return h, b[HdrSize:], nil
+		}
 	}
-	if len(b) != HdrSize+4*n {
+	// Sparse: hot pairs in DATA and PULL, cold pairs in DATA and RESULT.
+	psize, pmax := KVPairSize, SparseMaxPairs
+	switch {
+	case h.Encoding == EncSparseCold && h.Type != MsgPull:
+		psize, pmax = ColdPairSize, ColdMaxPairs
+	case h.Encoding == EncSparseKV && h.Type != MsgResult:
+	default:
+		return h, nil, ErrEncoding
+	}
+	if n > pmax || (h.Type == MsgPull && n == 0) {
+		return h, nil, ErrSparseCount
+	}
+	if len(b) != HdrSize+SparseHdrSize+psize*n {
 		return h, nil, ErrLength
 	}
-	if !KnownEncoding(h.Encoding) {
-		return h, nil, ErrEncoding
+	var sh SparseHeader
+	DecodeSparseHeader(b[HdrSize:], &sh)
+	if h.Type == MsgPull {
+		if sh.Npkts != 0 {
+			return h, nil, ErrNpkts
+		}
+	} else if sh.Npkts == 0 || h.AggIndex >= uint32(sh.Npkts) {
+		return h, nil, ErrNpkts
 	}
 	if h.JobId == 0 {
 		return h, nil, ErrJob
 	}
-	if h.Type == MsgData {
-		bm, fan := h.LevelBits()
-		if fan == 0 || int(fan) > MaxWorkers {
-			return h, nil, ErrFanIn
-		}
-		if bm == 0 || (fan < MaxWorkers && bm>>fan != 0) {
-			return h, nil, ErrBitmap
-		}
+	if h.Type != MsgData {
+		return h, b[HdrSize:], nil
+	}
+	if h.Encoding == EncSparseKV && (h.Flags&FlagLevel1 != 0 || sh.Npkts > SparseMaxPkts) {
+		return h, nil, ErrNpkts
+	}
+	if err := checkLevel(&h); err != nil {
+		return h, nil, err
 	}
 	return h, b[HdrSize:], nil
+}
+
+// checkLevel applies DATA's contributor rules: the fan-in of its level (fan_in0, or fan_in1 with
+// F_LEVEL1) is 1..MaxWorkers and that level's bitmap is nonzero with no bit at or above it.
+func checkLevel(h *Header) error {
+	if h.Type != MsgData {
+		return nil
+	}
+	bm, fan := h.LevelBits()
+	if fan == 0 || int(fan) > MaxWorkers {
+		return ErrFanIn
+	}
+	if bm == 0 || (fan < MaxWorkers && bm>>fan != 0) {
+		return ErrBitmap
+	}
+	return nil
 }

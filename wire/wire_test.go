@@ -208,7 +208,8 @@ func TestParsePacketRejects(t *testing.T) {
 		{"MSG_RESET (reserved)", func(h *Header, b []byte) []byte { h.Type = MsgReset; return b }, ErrType},
 		{"MSG_HEARTBEAT (reserved)", func(h *Header, b []byte) []byte { h.Type = MsgHeartbeat; return b }, ErrType},
 		{"MSG_HEARTBEAT without values", func(h *Header, b []byte) []byte { h.Type, h.Count = MsgHeartbeat, 0; return b[:HdrSize] }, ErrType},
-		{"type 9", func(h *Header, b []byte) []byte { h.Type = 9; return b }, ErrType},
+		{"type 10", func(h *Header, b []byte) []byte { h.Type = 10; return b }, ErrType},
+		{"PULL of dense values", func(h *Header, b []byte) []byte { h.Type = MsgPull; return b }, ErrEncoding},
 		{"type 255", func(h *Header, b []byte) []byte { h.Type = 255; return b }, ErrType},
 		{"count 0", func(h *Header, b []byte) []byte { h.Count = 0; return b[:HdrSize] }, ErrCount},
 		{"RESULT count 0", func(h *Header, b []byte) []byte { h.Type, h.Count = MsgResult, 0; return b[:HdrSize] }, ErrCount},
@@ -222,10 +223,11 @@ func TestParsePacketRejects(t *testing.T) {
 		{"length long by a byte", func(h *Header, b []byte) []byte { return append(b, 0) }, ErrLength},
 		{"count lies", func(h *Header, b []byte) []byte { h.Count = 4; return b }, ErrLength},
 		{"header only", func(h *Header, b []byte) []byte { return b[:HdrSize] }, ErrLength},
-		{"ENC_SPARSE_KV (reserved)", func(h *Header, b []byte) []byte { h.Encoding = EncSparseKV; return b }, ErrEncoding},
+		{"ENC_SPARSE_KV with a dense length", func(h *Header, b []byte) []byte { h.Encoding = EncSparseKV; return b }, ErrLength},
 		{"ENC_SPARSE_KV result", func(h *Header, b []byte) []byte { h.Type, h.Encoding = MsgResult, EncSparseKV; return b }, ErrEncoding},
-		{"encoding 3", func(h *Header, b []byte) []byte { h.Encoding = 3; return b }, ErrEncoding},
-		{"encoding before job id", func(h *Header, b []byte) []byte { h.Encoding, h.JobId = EncSparseKV, 0; return b }, ErrEncoding},
+		{"ENC_SPARSE_COLD with a dense length", func(h *Header, b []byte) []byte { h.Encoding = EncSparseCold; return b }, ErrLength},
+		{"encoding 4", func(h *Header, b []byte) []byte { h.Encoding = 4; return b }, ErrEncoding},
+		{"encoding before job id", func(h *Header, b []byte) []byte { h.Encoding, h.JobId = 4, 0; return b }, ErrEncoding},
 		{"job 0", func(h *Header, b []byte) []byte { h.JobId = 0; return b }, ErrJob},
 		{"RESULT job 0", func(h *Header, b []byte) []byte { h.Type, h.JobId = MsgResult, 0; return b }, ErrJob},
 		{"fan-in 0", func(h *Header, b []byte) []byte { h.FanIn0 = 0; return b }, ErrFanIn},
@@ -257,14 +259,14 @@ func TestParsePacketRejects(t *testing.T) {
 
 func TestKnown(t *testing.T) {
 	for ty := range 256 {
-		want := ty >= 1 && ty <= 7 && ty != 5
+		want := ty >= 1 && ty <= 7 && ty != 5 || ty == 9
 		if KnownType(uint8(ty)) != want {
 			t.Errorf("KnownType(%d) = %v", ty, !want)
 		}
 	}
 	for e := range 256 {
-		if KnownEncoding(uint8(e)) != (e <= 1) {
-			t.Errorf("KnownEncoding(%d) = %v", e, !(e <= 1))
+		if KnownEncoding(uint8(e)) != (e <= 3) {
+			t.Errorf("KnownEncoding(%d) = %v", e, !(e <= 3))
 		}
 	}
 }
@@ -317,6 +319,9 @@ func FuzzParsePacket(f *testing.F) {
 		c[OffType] = ty
 		f.Add(c)
 	}
+	f.Add(sparseData(EncSparseKV, MsgData, 3, 1, 0))
+	f.Add(sparseData(EncSparseCold, MsgResult, 2, 4, 3))
+	f.Add(sparseData(EncSparseKV, MsgPull, 5, 0, 7))
 	for _, enc := range []uint8{EncFloat32, EncSparseKV, 3} {
 		c := append([]byte(nil), b...)
 		c[OffEncoding] = enc
@@ -342,7 +347,15 @@ func FuzzParsePacket(f *testing.F) {
 		if h.Version != Version || h.Reserved != 0 || !KnownType(h.Type) {
 			t.Fatalf("accepted %+v", h)
 		}
-		if h.Type == MsgData || h.Type == MsgResult {
+		if Sparse(h.Encoding) && (h.Type == MsgData || h.Type == MsgResult || h.Type == MsgPull) {
+			psize := KVPairSize
+			if h.Encoding == EncSparseCold {
+				psize = ColdPairSize
+			}
+			if len(vals) != SparseHdrSize+psize*int(h.Count) || h.JobId == 0 {
+				t.Fatalf("accepted sparse %+v with %d bytes", h, len(vals))
+			}
+		} else if h.Type == MsgData || h.Type == MsgResult {
 			if len(vals) != 4*int(h.Count) || h.Count == 0 || int(h.Count) > MaxValues || !KnownEncoding(h.Encoding) || h.JobId == 0 {
 				t.Fatalf("accepted %+v with %d value bytes", h, len(vals))
 			}
@@ -364,4 +377,56 @@ func FuzzParsePacket(f *testing.F) {
 			t.Fatalf("re-parse: %+v %v", h2, err)
 		}
 	})
+}
+
+// sparseData is a sparse packet of n pairs (zeros) of encoding enc and type ty, for job 5 from
+// worker 1 of 2.
+func sparseData(enc, ty uint8, n int, npkts uint16, index uint32) []byte {
+	psize := KVPairSize
+	if enc == EncSparseCold {
+		psize = ColdPairSize
+	}
+	h := Header{Version: Version, Type: ty, Encoding: enc, Count: uint16(n), JobId: 5, AggIndex: index,
+		Bitmap0: 2, FanIn0: 2, WorkerId: 1}
+	b := make([]byte, HdrSize+SparseHdrSize+psize*n)
+	EncodeHeader(b, &h)
+	EncodeSparseHeader(b[HdrSize:], &SparseHeader{HotVersion: 3, Npkts: npkts})
+	return b
+}
+
+func TestParseSparse(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"hot DATA", sparseData(EncSparseKV, MsgData, 3, 2, 1), nil},
+		{"empty marker", sparseData(EncSparseKV, MsgData, 0, 1, 0), nil},
+		{"most hot pairs", sparseData(EncSparseKV, MsgData, SparseMaxPairs, 1, 0), nil},
+		{"too many hot pairs", sparseData(EncSparseKV, MsgData, SparseMaxPairs+1, 1, 0), ErrSparseCount},
+		{"cold DATA", sparseData(EncSparseCold, MsgData, ColdMaxPairs, 1, 0), nil},
+		{"too many cold pairs", sparseData(EncSparseCold, MsgData, ColdMaxPairs+1, 1, 0), ErrSparseCount},
+		{"cold RESULT", sparseData(EncSparseCold, MsgResult, 1, 9, 8), nil},
+		{"hot RESULT", sparseData(EncSparseKV, MsgResult, 1, 1, 0), ErrEncoding},
+		{"PULL", sparseData(EncSparseKV, MsgPull, 4, 0, 100), nil},
+		{"PULL of nothing", sparseData(EncSparseKV, MsgPull, 0, 0, 0), ErrSparseCount},
+		{"PULL with npkts", sparseData(EncSparseKV, MsgPull, 1, 1, 0), ErrNpkts},
+		{"cold PULL", sparseData(EncSparseCold, MsgPull, 1, 0, 0), ErrEncoding},
+		{"npkts 0", sparseData(EncSparseKV, MsgData, 1, 0, 0), ErrNpkts},
+		{"index at npkts", sparseData(EncSparseKV, MsgData, 1, 2, 2), ErrNpkts},
+		{"too many hot packets", sparseData(EncSparseKV, MsgData, 1, SparseMaxPkts+1, 0), ErrNpkts},
+		{"many cold packets", sparseData(EncSparseCold, MsgData, 1, 1000, 999), nil},
+		{"length short", sparseData(EncSparseKV, MsgData, 2, 1, 0)[:HdrSize+SparseHdrSize+15], ErrLength},
+		{"no sparse header", sparseData(EncSparseKV, MsgData, 0, 1, 0)[:HdrSize], ErrLength},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, vals, err := ParsePacket(c.b)
+			if err != c.want {
+				t.Fatalf("err = %v, want %v", err, c.want)
+			}
+			if err == nil && len(vals) != len(c.b)-HdrSize {
+				t.Fatalf("values of %d bytes", len(vals))
+			}
+		})
+	}
 }

@@ -86,6 +86,12 @@ type Bed struct {
 	psCancel context.CancelFunc
 	psDone   chan error
 	closed   bool
+
+	// Sparse jobs (StartSparse) and their PS.
+	Sparse       []*SparseJob
+	SparsePS     *hostlib.SparsePS
+	sparseCancel context.CancelFunc
+	sparseDone   chan error
 }
 
 // normalize fills in the defaults of opts and returns the jobs to run: Options.Jobs, or without
@@ -364,7 +370,7 @@ func (b *Bed) Close() error {
 		return nil
 	}
 	b.closed = true
-	var errs []error
+	errs := b.closeSparse()
 	for _, j := range b.Jobs {
 		for _, w := range j.Workers {
 			// A test may have closed a worker already (a killed job): not a teardown error.

@@ -414,3 +414,34 @@ func (t *Topology) addHost(cfg Config, swNS netns.NsHandle, sw *netlink.Handle, 
 	}
 	return h, nil
 }
+
+// AddHostAddr gives host h a second address ip on its link (in its /24), with the static
+// neighbour entry the switch needs to reach it: e.g. a second server process on the PS host
+// that must be told apart by address (the switch intercepts one UDP port per address).
+func (t *Topology) AddHostAddr(h *Host, ip netip.Addr) error {
+	if h == nil || !h.Prefix.Contains(ip) {
+		return fmt.Errorf("%w: address %v is not in the host's subnet", ErrConfig, ip)
+	}
+	t.mu.Lock()
+	hn, sw := t.nlHandles[h.NSName], t.nlHandles[t.SwitchNS]
+	t.mu.Unlock()
+	if hn == nil || sw == nil {
+		return fmt.Errorf("%w: no netlink handle for %s", ErrConfig, h.NSName)
+	}
+	eth, err := hn.LinkByName(h.Ifname)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", h.Ifname, h.NSName, err)
+	}
+	if err := hn.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		return fmt.Errorf("add %v to %s: %w", ip, h.NSName, err)
+	}
+	port, err := sw.LinkByName(h.Port)
+	if err != nil {
+		return fmt.Errorf("find switch port %s: %w", h.Port, err)
+	}
+	if err := sw.NeighSet(&netlink.Neigh{LinkIndex: port.Attrs().Index, State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4,
+		IP: ip.AsSlice(), HardwareAddr: h.MAC}); err != nil {
+		return fmt.Errorf("static neighbour %v on %s: %w", ip, h.Port, err)
+	}
+	return nil
+}

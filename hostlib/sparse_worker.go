@@ -1,0 +1,457 @@
+package hostlib
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/sparse"
+	"github.com/xdpagg/xdpagg/wire"
+)
+
+// Sparse (hot-parameter) aggregation, after Zebra (docs/sparse.md). In each training iteration a
+// worker pushes <key, value> gradients and gets back the sum, over all workers, for every key any
+// worker touched. Keys of the job's hot set go to the switch as <rank, fixed-point value> pairs,
+// packed layout-aware (Zebra's Algorithm 1) and summed in the switch's register arrays; all other
+// keys go to the PS as <key, float32> and are summed there exactly. The PS reads the hot sums out
+// of the switch (MSG_PULL), merges them with its cold sums and sends the update to every worker.
+
+// ErrOverflow: a hot register overflowed int32 in the iteration (only possible when a member
+// sends values beyond the bound SparseWorker keeps to); the PS cannot give an exact sum.
+var ErrOverflow = errors.New("hot sum overflowed at the switch")
+
+// SparseWorkerConfig configures one worker of a sparse job.
+type SparseWorkerConfig struct {
+	JobID      uint32         // != 0
+	WorkerID   uint8          // 0..NumWorkers-1
+	NumWorkers uint8          // 1..32
+	Local      netip.AddrPort // address to bind (port 0: any)
+	PS         netip.AddrPort // the job's PS (port 0: wire.DefaultPort): every packet is addressed to it
+	// Hot is the job's hot set (keys to ranks, and its version); nil sends every pair to the PS
+	// (the PS-only mode, for a switch without registers or the baseline).
+	Hot *sparse.HotSet
+	// Arrays is m, the register arrays the switch gave the job (`job add --reg-arrays`): ranks
+	// live in array rank % m, and Algorithm 1 packs so a packet rarely holds two of one array.
+	Arrays int
+	// InOrder packs hot pairs in key order instead of Algorithm 1 (to measure what it saves).
+	InOrder bool
+	// ScaleLog2 is the fixed-point exponent of hot values (default 24, at most 30).
+	ScaleLog2 uint8
+	// MTU is the path MTU: pairs per packet follow from it (default 1500, at most 3388).
+	MTU int
+	// Timeout is the first retransmit timeout (default 20ms), doubling up to 8x; MaxRetries
+	// resends of an iteration before Step fails with ErrTimeout (default 50).
+	Timeout    time.Duration
+	MaxRetries int
+	// JobKey is the job's control key, for Join (ctlauth.KeySize bytes).
+	JobKey []byte
+}
+
+// WithDefaults fills zero fields.
+func (c SparseWorkerConfig) WithDefaults() SparseWorkerConfig {
+	if c.PS.Port() == 0 {
+		c.PS = netip.AddrPortFrom(c.PS.Addr(), wire.DefaultPort)
+	}
+	c.PS = netip.AddrPortFrom(c.PS.Addr().Unmap(), c.PS.Port())
+	if c.ScaleLog2 == 0 {
+		c.ScaleLog2 = DefaultScaleLog2
+	}
+	if c.MTU == 0 {
+		c.MTU = 1500
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = DefaultMaxRetries
+	}
+	return c
+}
+
+// Validate reports what is wrong with a configuration.
+func (c SparseWorkerConfig) Validate() error {
+	switch {
+	case c.JobID == 0:
+		return fmt.Errorf("%w: job id 0 is reserved", ErrConfig)
+	case c.NumWorkers == 0 || int(c.NumWorkers) > wire.MaxWorkers || c.WorkerID >= c.NumWorkers:
+		return fmt.Errorf("%w: worker %d of %d", ErrConfig, c.WorkerID, c.NumWorkers)
+	case !c.PS.Addr().Is4():
+		return fmt.Errorf("%w: PS %v: need an IPv4 address", ErrConfig, c.PS)
+	case c.ScaleLog2 > 30:
+		return fmt.Errorf("%w: scale 2^%d: use at most 2^30", ErrConfig, c.ScaleLog2)
+	case c.MTU < 576 || c.MTU > 3388:
+		return fmt.Errorf("%w: MTU %d: use 576..3388", ErrConfig, c.MTU)
+	case c.Hot != nil && (c.Arrays <= 0 || uint32(c.Arrays) > bpf.JobMaxArrays):
+		return fmt.Errorf("%w: %d register arrays: a hot set needs the job's m, 1..%d", ErrConfig, c.Arrays, bpf.JobMaxArrays)
+	}
+	return nil
+}
+
+// hotPairs and coldPairs are the pairs one packet carries at an MTU.
+func hotPairs(mtu int) int {
+	return min(wire.SparseMaxPairs, (mtu-28-wire.HdrSize-wire.SparseHdrSize)/wire.KVPairSize)
+}
+func coldPairs(mtu int) int {
+	return min(wire.ColdMaxPairs, (mtu-28-wire.HdrSize-wire.SparseHdrSize)/wire.ColdPairSize)
+}
+
+// Update is the aggregated update of one iteration: every key any worker touched, ascending, and
+// its sum over the workers.
+type Update struct {
+	Iteration uint32
+	Keys      []uint64
+	Vals      []float32
+}
+
+// SparseStats counts what a sparse worker did.
+type SparseStats struct {
+	Iterations  uint64 // Steps completed
+	HotPairs    uint64 // pairs sent to the switch
+	ColdPairs   uint64 // pairs sent to the PS (cold keys, and hot values beyond the fixed-point bound)
+	HotPackets  uint64 // hot packets (including empty markers)
+	ColdPackets uint64
+	Resends     uint64 // iterations resent after a timeout
+	Stale       uint64 // update packets of other iterations, or duplicates
+	Foreign     uint64 // datagrams from anyone but the PS
+}
+
+// SparseWorker is one worker of a sparse job. Its methods must not be called concurrently.
+type SparseWorker struct {
+	cfg     SparseWorkerConfig
+	conn    *net.UDPConn
+	stamper ctlauth.Stamper
+	bound   int64 // largest |fixed-point value| a hot pair may carry: W of them never overflow int32
+	st      struct {
+		iterations, hotPairs, coldPairs, hotPackets, coldPackets, resends, stale, foreign atomic.Uint64
+	}
+	rbuf []byte
+}
+
+// NewSparseWorker binds the worker's socket.
+func NewSparseWorker(cfg SparseWorkerConfig) (*SparseWorker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	conn, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(cfg.Local))
+	if err != nil {
+		return nil, fmt.Errorf("listen on %v: %w", cfg.Local, err)
+	}
+	_ = conn.SetReadBuffer(DefaultSocketBuffer)
+	_ = conn.SetWriteBuffer(DefaultSocketBuffer)
+	cfg.JobKey = slices.Clone(cfg.JobKey)
+	return &SparseWorker{cfg: cfg, conn: conn, bound: math.MaxInt32 / int64(cfg.NumWorkers), rbuf: make([]byte, 65536)}, nil
+}
+
+// LocalAddr is the worker's bound address.
+func (w *SparseWorker) LocalAddr() netip.AddrPort {
+	return w.conn.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// Close closes the socket.
+func (w *SparseWorker) Close() error { return w.conn.Close() }
+
+// Stats returns the worker's counters.
+func (w *SparseWorker) Stats() SparseStats {
+	return SparseStats{Iterations: w.st.iterations.Load(), HotPairs: w.st.hotPairs.Load(), ColdPairs: w.st.coldPairs.Load(),
+		HotPackets: w.st.hotPackets.Load(), ColdPackets: w.st.coldPackets.Load(), Resends: w.st.resends.Load(),
+		Stale: w.st.stale.Load(), Foreign: w.st.foreign.Load()}
+}
+
+// SetHot replaces the hot set from the next Step on (a hot-set swap: every worker, the PS and the
+// switch change at the same iteration; see SparsePS.SwapHot).
+func (w *SparseWorker) SetHot(h *sparse.HotSet) { w.cfg.Hot = h }
+
+// Join registers this worker with the switch's agent (as Worker.Join does), so the switch
+// forwards the PS's updates to it. Synchronous: Step must not run meanwhile.
+func (w *SparseWorker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
+	if len(w.cfg.JobKey) != ctlauth.KeySize {
+		return fmt.Errorf("%w: JobKey has %d bytes, want %d", ErrConfig, len(w.cfg.JobKey), ctlauth.KeySize)
+	}
+	if len(mac) != 6 {
+		return fmt.Errorf("%w: MAC %v", ErrConfig, mac)
+	}
+	sw = netip.AddrPortFrom(sw.Addr().Unmap(), sw.Port())
+	nonce := uint32(time.Now().UnixNano())
+	h := wire.Header{Version: wire.Version, Type: wire.MsgJoin, JobId: w.cfg.JobID, Seq: nonce,
+		FanIn0: w.cfg.NumWorkers, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID}
+	var body bpf.XdpaggJoinBody
+	copy(body.Mac[:], mac)
+	msg := make([]byte, wire.HdrSize, wire.HdrSize+12)
+	wire.EncodeHeader(msg, &h)
+	msg, err := binary.Append(msg, binary.LittleEndian, &body)
+	if err != nil {
+		return fmt.Errorf("encode JOIN: %w", err)
+	}
+	var replay ctlauth.Replay[netip.AddrPort]
+	wait := 50 * time.Millisecond
+	for {
+		pkt, err := ctlauth.Seal(w.cfg.JobKey, slices.Clone(msg), w.stamper.Next())
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if _, err := w.conn.WriteToUDPAddrPort(pkt, sw); err != nil {
+			return fmt.Errorf("send JOIN to %v: %w", sw, err)
+		}
+		deadline := time.Now().Add(wait)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		_ = w.conn.SetReadDeadline(deadline)
+		for {
+			n, from, err := w.conn.ReadFromUDPAddrPort(w.rbuf)
+			if err != nil {
+				if ctx.Err() != nil {
+					return fmt.Errorf("%w: no acknowledgement from the switch agent at %v: %w", ErrTimeout, sw, ctx.Err())
+				}
+				break // resend
+			}
+			if netip.AddrPortFrom(from.Addr().Unmap(), from.Port()) != sw {
+				w.st.foreign.Add(1)
+				continue
+			}
+			b := w.rbuf[:n]
+			m, stamp, err := ctlauth.Open(w.cfg.JobKey, b)
+			if err != nil || len(m) != wire.HdrSize {
+				continue
+			}
+			var a wire.Header
+			wire.DecodeHeader(m, &a)
+			if a.Type != wire.MsgAck || a.JobId != w.cfg.JobID || a.WorkerId != w.cfg.WorkerID || a.Seq != nonce {
+				continue
+			}
+			if replay.Check(sw, stamp) != nil {
+				continue
+			}
+			return nil
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// sparseIter is one iteration's packets, kept for resends until its update is in.
+type sparseIter struct {
+	pkts [][]byte
+}
+
+// Step pushes this worker's gradients of iteration iter (keys distinct; vals[i] is keys[i]'s
+// gradient) and returns the iteration's update. Every worker of the job calls Step for the same
+// iterations in the same order; an iteration a worker has no gradient for is still stepped
+// (with no keys), so the others' sums complete. It fails with ErrTimeout after MaxRetries
+// resends, ErrOverflow if the switch could not sum a hot key exactly, ctx's error, or
+// ErrConfig for bad input (a duplicate key).
+func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, vals []float32) (Update, error) {
+	if len(keys) != len(vals) {
+		return Update{}, fmt.Errorf("%w: %d keys but %d values", ErrConfig, len(keys), len(vals))
+	}
+	it, err := w.build(iter, keys, vals)
+	if err != nil {
+		return Update{}, err
+	}
+	for _, p := range it.pkts {
+		if _, err := w.conn.WriteToUDPAddrPort(p, w.cfg.PS); err != nil {
+			return Update{}, fmt.Errorf("send iteration %d: %w", iter, err)
+		}
+	}
+	var (
+		got     map[uint32][]byte // update packets by index
+		npkts   = -1
+		rto     = w.cfg.Timeout
+		retries int
+	)
+	deadline := time.Now().Add(rto)
+	for {
+		d := deadline
+		if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+			d = cd
+		}
+		_ = w.conn.SetReadDeadline(d)
+		n, from, err := w.conn.ReadFromUDPAddrPort(w.rbuf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return Update{}, ctx.Err()
+			}
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				return Update{}, fmt.Errorf("receive: %w", err)
+			}
+			if retries >= w.cfg.MaxRetries {
+				return Update{}, fmt.Errorf("%w: iteration %d: no complete update after %d resends", ErrTimeout, iter, retries)
+			}
+			// Resend everything: the switch and the PS drop what they already have.
+			retries++
+			w.st.resends.Add(1)
+			for _, p := range it.pkts {
+				wire.SetPacketFlags(p, wire.PacketFlags(p)|wire.FlagResend)
+				if _, err := w.conn.WriteToUDPAddrPort(p, w.cfg.PS); err != nil {
+					return Update{}, fmt.Errorf("resend iteration %d: %w", iter, err)
+				}
+			}
+			rto = min(2*rto, 8*w.cfg.Timeout)
+			deadline = time.Now().Add(rto)
+			continue
+		}
+		if from.Addr().Unmap() != w.cfg.PS.Addr() || from.Port() != w.cfg.PS.Port() {
+			w.st.foreign.Add(1)
+			continue
+		}
+		b := w.rbuf[:n]
+		h, rest, err := wire.ParsePacket(b)
+		if err != nil || h.Type != wire.MsgResult || h.Encoding != wire.EncSparseCold || h.JobId != w.cfg.JobID {
+			w.st.foreign.Add(1)
+			continue
+		}
+		if h.Seq != iter {
+			w.st.stale.Add(1)
+			continue
+		}
+		if h.Flags&wire.FlagOverflow != 0 {
+			return Update{}, fmt.Errorf("%w: iteration %d", ErrOverflow, iter)
+		}
+		var sh wire.SparseHeader
+		wire.DecodeSparseHeader(rest, &sh)
+		if got == nil {
+			got = make(map[uint32][]byte, sh.Npkts)
+			npkts = int(sh.Npkts)
+		}
+		if int(sh.Npkts) != npkts {
+			w.st.stale.Add(1)
+			continue
+		}
+		if _, dup := got[h.AggIndex]; dup {
+			w.st.stale.Add(1)
+			continue
+		}
+		got[h.AggIndex] = slices.Clone(rest[wire.SparseHdrSize : wire.SparseHdrSize+wire.ColdPairSize*int(h.Count)])
+		if len(got) == npkts {
+			break
+		}
+	}
+	up := Update{Iteration: iter}
+	for i := range uint32(npkts) {
+		pairs := got[i]
+		for j := range len(pairs) / wire.ColdPairSize {
+			k, v := wire.Cold(pairs, j)
+			up.Keys = append(up.Keys, k)
+			up.Vals = append(up.Vals, math.Float32frombits(v))
+		}
+	}
+	w.st.iterations.Add(1)
+	return up, nil
+}
+
+// build splits an iteration's gradients into hot packets for the switch (with an empty marker
+// when there is none) and cold packets for the PS (at least one, so the PS knows this worker is
+// done).
+func (w *SparseWorker) build(iter uint32, keys []uint64, vals []float32) (*sparseIter, error) {
+	type hotPair struct {
+		rank uint32
+		q    int32
+	}
+	var (
+		hot   []hotPair
+		ranks []uint32
+		cold  []int
+	)
+	seen := make(map[uint64]struct{}, len(keys))
+	for i, k := range keys {
+		if _, dup := seen[k]; dup {
+			return nil, fmt.Errorf("%w: key %d twice in iteration %d", ErrConfig, k, iter)
+		}
+		seen[k] = struct{}{}
+		if w.cfg.Hot != nil {
+			if r, ok := w.cfg.Hot.Rank(k); ok {
+				// A hot value must fit the fixed point with room for W of them in an int32;
+				// one that does not (or is not finite) goes to the PS, exact in float32.
+				if q, ok := Quantize(vals[i], w.cfg.ScaleLog2); ok && int64(q) <= w.bound && int64(q) >= -w.bound {
+					hot = append(hot, hotPair{r, q})
+					ranks = append(ranks, r)
+					continue
+				}
+			}
+		}
+		cold = append(cold, i)
+	}
+	it := &sparseIter{}
+	version := uint32(0)
+	if w.cfg.Hot != nil {
+		version = w.cfg.Hot.Version
+		// Ranks ascending (hottest first) before packing: Algorithm 1 walks them in that order.
+		order := make([]int, len(hot))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(a, b int) int { return int(hot[a].rank) - int(hot[b].rank) })
+		sorted := make([]uint32, len(order))
+		for i, o := range order {
+			sorted[i] = ranks[o]
+		}
+		per := hotPairs(w.cfg.MTU)
+		var pkts [][]int
+		if w.cfg.InOrder {
+			pkts = sparse.PackInOrder(sorted, per)
+		} else {
+			// A packet with more pairs than arrays cannot take one pass: Algorithm 1 then
+			// estimates its packets for at most m pairs each.
+			pkts = sparse.Pack(sorted, w.cfg.Arrays, min(per, w.cfg.Arrays))
+		}
+		if len(pkts) == 0 {
+			pkts = [][]int{nil} // the empty marker
+		}
+		if len(pkts) > wire.SparseMaxPkts {
+			return nil, fmt.Errorf("%w: %d hot packets in iteration %d: at most %d (a larger MTU or fewer hot keys)", ErrConfig, len(pkts), iter, wire.SparseMaxPkts)
+		}
+		for i, p := range pkts {
+			b := w.packet(wire.EncSparseKV, iter, version, uint32(i), len(pkts), len(p))
+			pairs := b[wire.HdrSize+wire.SparseHdrSize:]
+			for j, idx := range p {
+				hp := hot[order[idx]]
+				wire.PutKV(pairs, j, hp.rank, hp.q)
+			}
+			it.pkts = append(it.pkts, b)
+			w.st.hotPairs.Add(uint64(len(p)))
+			w.st.hotPackets.Add(1)
+		}
+	}
+	per := coldPairs(w.cfg.MTU)
+	n := max(1, (len(cold)+per-1)/per)
+	if n > math.MaxUint16 {
+		return nil, fmt.Errorf("%w: %d cold packets in iteration %d", ErrConfig, n, iter)
+	}
+	for i := range n {
+		chunk := cold[min(i*per, len(cold)):min((i+1)*per, len(cold))]
+		b := w.packet(wire.EncSparseCold, iter, version, uint32(i), n, len(chunk))
+		pairs := b[wire.HdrSize+wire.SparseHdrSize:]
+		for j, idx := range chunk {
+			wire.PutCold(pairs, j, keys[idx], math.Float32bits(vals[idx]))
+		}
+		it.pkts = append(it.pkts, b)
+		w.st.coldPairs.Add(uint64(len(chunk)))
+		w.st.coldPackets.Add(1)
+	}
+	return it, nil
+}
+
+// packet makes a sparse DATA packet with room for count pairs of encoding enc.
+func (w *SparseWorker) packet(enc uint8, iter, version, index uint32, npkts, count int) []byte {
+	psize := wire.KVPairSize
+	if enc == wire.EncSparseCold {
+		psize = wire.ColdPairSize
+	}
+	b := make([]byte, wire.HdrSize+wire.SparseHdrSize+psize*count)
+	h := wire.Header{Version: wire.Version, Type: wire.MsgData, Encoding: enc, ScaleLog2: w.cfg.ScaleLog2,
+		Count: uint16(count), JobId: w.cfg.JobID, Seq: iter, AggIndex: index, Bitmap0: 1 << w.cfg.WorkerID,
+		FanIn0: w.cfg.NumWorkers, WorkerId: w.cfg.WorkerID}
+	wire.EncodeHeader(b, &h)
+	wire.EncodeSparseHeader(b[wire.HdrSize:], &wire.SparseHeader{HotVersion: version, Npkts: uint16(npkts)})
+	return b
+}
