@@ -519,7 +519,7 @@ func TestSparseRefused(t *testing.T) {
 		})
 	}
 	// Nothing was claimed: iteration 1 is still open to every worker.
-	st, err := s.Maps.Sparse(A, sparseSlots)
+	st, err := s.Maps.Sparse(A)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,16 +85,16 @@ type SparseIteration struct {
 // SparseState is a sparse job's datapath state: both iteration records and register fill.
 type SparseState struct {
 	JobID   uint32             `json:"job"`
-	Records [2]SparseIteration `json:"records"` // by iteration parity
+	Arrays  int                `json:"reg_arrays"` // m
+	Records [2]SparseIteration `json:"records"`    // by iteration parity
 	// Filled counts, per parity, the job's register slots that hold a sum of the record's
-	// iteration (the rest read as zero).
+	// iteration (the rest read as zero): the hot keys the workers touched in it.
 	Filled [2]int `json:"filled"`
-	Slots  int    `json:"slots"` // M = m * r
 }
 
-// Sparse reads a sparse job's iteration records and register fill; r is the switch's slots per
-// array (loader.Config.RegSlots). ErrNoJob if the job is not an admitted sparse job.
-func (m *Maps) Sparse(id uint32, r uint32) (SparseState, error) {
+// Sparse reads a sparse job's iteration records and register fill. ErrNoJob if the job is not an
+// admitted sparse job.
+func (m *Maps) Sparse(id uint32) (SparseState, error) {
 	j, err := m.GetJob(id)
 	if err != nil {
 		return SparseState{}, err
@@ -106,7 +106,7 @@ func (m *Maps) Sparse(id uint32, r uint32) (SparseState, error) {
 	if err := m.SparseJobs.Lookup(&id, &st); err != nil {
 		return SparseState{}, fmt.Errorf("read sparse state of job %d: %w", id, err)
 	}
-	out := SparseState{JobID: id, Slots: int(j.RegArrays) * int(r)}
+	out := SparseState{JobID: id, Arrays: int(j.RegArrays)}
 	total := m.RegArrays()
 	for p := range 2 {
 		it := st.It[p]
@@ -126,8 +126,10 @@ func (m *Maps) Sparse(id uint32, r uint32) (SparseState, error) {
 			if err := m.Registers.Lookup(&k, &ra); err != nil {
 				return out, fmt.Errorf("read register array %d: %w", k, err)
 			}
-			for s := range min(r, uint32(len(ra.Cells))) {
-				if uint32(ra.Cells[s]>>32)&0x7fffffff == it.Iter&0x7fffffff {
+			for s := range ra.Cells {
+				// Ever added to, and last for this iteration (an untouched cell is all
+				// zero: iteration 0's tag).
+				if ra.Hits[s] != 0 && uint32(ra.Cells[s]>>32)&0x7fffffff == it.Iter&0x7fffffff {
 					out.Filled[p]++
 				}
 			}
