@@ -76,7 +76,15 @@ type spJob struct {
 	iters    map[uint32]*spIter
 	done     []uint32             // completed iterations, oldest first
 	prevHits [2]map[uint32]uint32 // per parity: each rank's hit counter at the last read-out
-	freq     map[uint64]uint64    // per-key update counts for Online since the last proposal
+	latest   *sparse.HotSet       // the newest hot set registered (what Online compares against)
+	proposal *Proposal            // Online's last swap proposal not yet taken
+}
+
+// Proposal is a hot-set swap the online identification proposes (SparsePS.Proposal).
+type Proposal struct {
+	Hot       *sparse.HotSet // the new hot set, its version one past the newest registered
+	Distance  float64        // normalized Kendall tau distance to the current hot set
+	Iteration uint32         // the iteration whose completion triggered it
 }
 
 // spIter is one iteration at the PS.
@@ -130,9 +138,10 @@ func NewSparsePS(cfg SparsePSConfig) (*SparsePS, error) {
 		case p.jobs[j.ID] != nil:
 			return nil, fmt.Errorf("%w: job %d twice", ErrConfig, j.ID)
 		}
-		sj := &spJob{cfg: j, hots: map[uint32]*sparse.HotSet{}, iters: map[uint32]*spIter{}, prevHits: [2]map[uint32]uint32{{}, {}}, freq: map[uint64]uint64{}}
+		sj := &spJob{cfg: j, hots: map[uint32]*sparse.HotSet{}, iters: map[uint32]*spIter{}, prevHits: [2]map[uint32]uint32{{}, {}}}
 		if j.Hot != nil {
 			sj.hots[j.Hot.Version] = j.Hot
+			sj.latest = j.Hot
 		}
 		p.jobs[j.ID] = sj
 	}
@@ -163,7 +172,25 @@ func (p *SparsePS) AddHot(job uint32, h *sparse.HotSet) error {
 		return fmt.Errorf("%w: job %d already has hot-set version %d", ErrConfig, job, h.Version)
 	}
 	j.hots[h.Version] = h
+	if h.Version > j.latest.Version {
+		j.latest = h
+	}
 	return nil
+}
+
+// Proposal returns (and forgets) the job's pending hot-set swap proposed by its Online
+// identification, if any. The caller, the job's scheduler, makes it happen at an iteration
+// boundary t: AddHot(job, p.Hot), then every worker's SetHot before it steps t.
+func (p *SparsePS) Proposal(job uint32) (Proposal, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	j := p.jobs[job]
+	if j == nil || j.proposal == nil {
+		return Proposal{}, false
+	}
+	pr := *j.proposal
+	j.proposal = nil
+	return pr, true
 }
 
 // hot is the hot set of an iteration (nil for a job without one).
@@ -524,8 +551,17 @@ func (p *SparsePS) complete(j *spJob, it *spIter) {
 		}
 	}
 	p.st.iterations.Add(1)
-	if j.cfg.Online != nil {
-		j.cfg.Online.Observe(touched)
+	if o := j.cfg.Online; o != nil && j.latest != nil {
+		o.Observe(touched)
+		if o.Due() {
+			o.K = j.latest.Len()
+			next, dist, swap := o.Propose(j.latest.Keys())
+			if swap {
+				if h, err := sparse.NewHotSet(j.latest.Version+1, next); err == nil {
+					j.proposal = &Proposal{Hot: h, Distance: dist, Iteration: it.iter}
+				}
+			}
+		}
 	}
 	// Keep the last few iterations for resends; forget older ones and anything older still
 	// that never completed (its workers have moved on).

@@ -247,3 +247,58 @@ func mapsCnt(name string) maps.Counter {
 	}
 	panic("no counter " + name)
 }
+
+// TestSparseOnlineSwap: the job starts with a hot set of keys nobody touches; the PS's online
+// identification (every 10 iterations, from its cold counts and the switch's register counters)
+// proposes the real hot keys, and the scheduler (this test) swaps at an iteration boundary.
+// Every update stays exact across the swap, and afterwards most pairs go to the switch.
+func TestSparseOnlineSwap(t *testing.T) {
+	wrong := make(sparse.Ranking, 1024)
+	for i := range wrong {
+		wrong[i] = uint64(1_000_000 + i)
+	}
+	hot, err := sparse.NewHotSet(1, wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	online := &sparse.Online{Period: 10, Threshold: 0.2}
+	b := newSparseBed(t, 3, testbed.SparseJobSpec{ID: 35, Hosts: []int{0, 1, 2}, Arrays: 8, Hot: hot, Online: online})
+	j := b.SparseJob(35)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(35, 36))
+	swappedAt := uint32(0)
+	hotBefore := uint64(0)
+	for it := uint32(1); it <= 40; it++ {
+		if pr, ok := b.SparsePS.Proposal(35); ok && swappedAt == 0 {
+			if err := b.SparsePS.AddHot(35, pr.Hot); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range j.Workers {
+				w.SetHot(pr.Hot)
+				hotBefore += w.Stats().HotPairs
+			}
+			swappedAt = it
+			t.Logf("swap to version %d at iteration %d (Kendall tau distance %.2f, proposed after iteration %d)", pr.Hot.Version, it, pr.Distance, pr.Iteration)
+		}
+		keys, vals := sparseKeys(rng, len(j.Workers), 300, 20000)
+		ups, err := j.Step(ctx, it, keys, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectUpdates(t, it, keys, vals, ups)
+	}
+	if swappedAt == 0 {
+		t.Fatal("the PS never proposed a swap")
+	}
+	var hotAfter, cold uint64
+	for _, w := range j.Workers {
+		hotAfter += w.Stats().HotPairs
+		cold += w.Stats().ColdPairs
+	}
+	hotAfter -= hotBefore
+	if hotBefore != 0 || hotAfter == 0 {
+		t.Errorf("hot pairs before the swap %d, after %d", hotBefore, hotAfter)
+	}
+	t.Logf("hot pairs after the swap: %d of %d", hotAfter, hotAfter+cold)
+}
