@@ -1,6 +1,7 @@
 package hostlib
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +57,10 @@ type SparsePSStats struct {
 	Iterations                                        uint64 // updates sent
 	Pulls, PullsPending, Spilled, ResendsServed       uint64
 	Overflows                                         uint64 // iterations refused for a hot overflow
+	// ReadOuts counts iterations read out of the switch, ReadOutTime their total time from the
+	// first MSG_PULL sent to the last answer in.
+	ReadOuts    uint64
+	ReadOutTime time.Duration
 }
 
 // SparsePS serves sparse jobs: it sums cold pairs exactly, reads hot sums from the switch, and
@@ -67,6 +72,7 @@ type SparsePS struct {
 	mu   sync.Mutex
 	st   struct {
 		received, malformed, notMember, dup, stale, iterations, pulls, pending, spilled, resends, overflows atomic.Uint64
+		readOuts, readOutNs                                                                                 atomic.Uint64
 	}
 }
 
@@ -74,10 +80,11 @@ type spJob struct {
 	cfg      SparsePSJob
 	hots     map[uint32]*sparse.HotSet // by version: an iteration uses the one its packets name
 	iters    map[uint32]*spIter
-	done     []uint32             // completed iterations, oldest first
-	prevHits [2]map[uint32]uint32 // per parity: each rank's hit counter at the last read-out
-	latest   *sparse.HotSet       // the newest hot set registered (what Online compares against)
-	proposal *Proposal            // Online's last swap proposal not yet taken
+	done     []uint32       // completed iterations, oldest first
+	prevHits [2][]uint32    // per parity: each rank's hit counter at the last read-out
+	lastHot  int            // hot keys in the last update (to size the next)
+	latest   *sparse.HotSet // the newest hot set registered (what Online compares against)
+	proposal *Proposal      // Online's last swap proposal not yet taken
 }
 
 // Proposal is a hot-set swap the online identification proposes (SparsePS.Proposal).
@@ -102,8 +109,15 @@ type spIter struct {
 	coldAt   time.Time              // when the last cold packet came in
 	ranges   map[uint32][]byte      // read-out answers by first rank: reg_reads
 	pullAt   time.Time              // when pulls were last sent
+	pull0    time.Time              // when the first pull was sent
 	overflow bool
 	update   [][]byte // the update's packets once complete
+}
+
+// updatePair is one key of an update and its sum's float32 bits.
+type updatePair struct {
+	key  uint64
+	bits uint32
 }
 
 type spAcc struct {
@@ -138,7 +152,7 @@ func NewSparsePS(cfg SparsePSConfig) (*SparsePS, error) {
 		case p.jobs[j.ID] != nil:
 			return nil, fmt.Errorf("%w: job %d twice", ErrConfig, j.ID)
 		}
-		sj := &spJob{cfg: j, hots: map[uint32]*sparse.HotSet{}, iters: map[uint32]*spIter{}, prevHits: [2]map[uint32]uint32{{}, {}}}
+		sj := &spJob{cfg: j, hots: map[uint32]*sparse.HotSet{}, iters: map[uint32]*spIter{}}
 		if j.Hot != nil {
 			sj.hots[j.Hot.Version] = j.Hot
 			sj.latest = j.Hot
@@ -212,7 +226,7 @@ func (p *SparsePS) Stats() SparsePSStats {
 	return SparsePSStats{Received: p.st.received.Load(), Malformed: p.st.malformed.Load(), NotMember: p.st.notMember.Load(),
 		Duplicates: p.st.dup.Load(), Stale: p.st.stale.Load(), Iterations: p.st.iterations.Load(), Pulls: p.st.pulls.Load(),
 		PullsPending: p.st.pending.Load(), Spilled: p.st.spilled.Load(), ResendsServed: p.st.resends.Load(),
-		Overflows: p.st.overflows.Load()}
+		Overflows: p.st.overflows.Load(), ReadOuts: p.st.readOuts.Load(), ReadOutTime: time.Duration(p.st.readOutNs.Load())}
 }
 
 // Serve runs the PS until ctx ends or the PS is closed.
@@ -410,7 +424,8 @@ func (p *SparsePS) pulled(j *spJob, h *wire.Header, sh *wire.SparseHeader, pairs
 	p.progress(j, it, now)
 }
 
-// pullRanges lists a hot set's read-out ranges: m ranks each (one pass at the switch).
+// pullRanges lists a hot set's read-out ranges of n ranks each: n <= m, so a range touches each
+// register array once (one pass at the switch), and n fills at most one packet.
 func pullRanges(k, m int) [][2]uint32 {
 	var out [][2]uint32
 	for first := 0; first < k; first += m {
@@ -425,7 +440,7 @@ func (p *SparsePS) progress(j *spJob, it *spIter, now time.Time) {
 		return
 	}
 	if hs := j.hot(it); hs != nil && hs.Len() > 0 {
-		ranges := pullRanges(hs.Len(), j.cfg.Arrays)
+		ranges := pullRanges(hs.Len(), min(j.cfg.Arrays, hotPairs(p.cfg.MTU)))
 		if len(it.ranges) < len(ranges) {
 			// Ask when the switch said it is done, or when it has been quiet for a while (its
 			// notice may have been lost; a premature pull is answered F_PENDING).
@@ -433,6 +448,11 @@ func (p *SparsePS) progress(j *spJob, it *spIter, now time.Time) {
 				p.pull(j, it, ranges, now)
 			}
 			return
+		}
+		if !it.pull0.IsZero() {
+			p.st.readOuts.Add(1)
+			p.st.readOutNs.Add(uint64(now.Sub(it.pull0)))
+			it.pull0 = time.Time{}
 		}
 		if it.spilled < 0 || len(it.spill) < it.spilled {
 			return // spilled pairs still on their way
@@ -443,6 +463,9 @@ func (p *SparsePS) progress(j *spJob, it *spIter, now time.Time) {
 
 func (p *SparsePS) pull(j *spJob, it *spIter, ranges [][2]uint32, now time.Time) {
 	it.pullAt = now
+	if it.pull0.IsZero() {
+		it.pull0 = now
+	}
 	for _, r := range ranges {
 		if _, have := it.ranges[r[0]]; have {
 			continue
@@ -472,48 +495,72 @@ func (p *SparsePS) timers(now time.Time) {
 // complete merges the hot and cold sums and sends the update.
 func (p *SparsePS) complete(j *spJob, it *spIter) {
 	scale := j.cfg.ScaleLog2
-	sums := map[uint64]*spAcc{}
-	for k, a := range it.cold {
-		sums[k] = a
+	online := j.cfg.Online != nil && j.latest != nil
+	var touched map[uint64]uint64 // key -> workers that touched it (for Online)
+	if online {
+		touched = make(map[uint64]uint64, len(it.cold))
+		for k, a := range it.cold {
+			touched[k] += uint64(a.n)
+		}
 	}
-	touched := map[uint64]uint64{} // key -> workers that touched it (for Online)
-	for k, a := range it.cold {
-		touched[k] += uint64(a.n)
-	}
+	// The update, as (key, float32 bits). Hot keys come from the read-out by rank: a slice, no
+	// hashing; a hot key's sum S·2^-s is one float64 product (|S| < 2^53 is exact) rounded to
+	// float32 once, unless the key also has cold values, whose exact sum takes it in.
+	out := make([]updatePair, 0, len(it.cold)+j.lastHot)
 	if hs := j.hot(it); hs != nil && !it.overflow {
 		parity := it.iter & 1
-		hot := map[uint32]int64{}
+		hot := make([]int64, hs.Len())
+		moved := make([]bool, hs.Len())
+		prev := j.prevHits[parity]
+		if len(prev) < hs.Len() {
+			prev = append(prev, make([]uint32, hs.Len()-len(prev))...)
+			j.prevHits[parity] = prev
+		}
 		for first, reads := range it.ranges {
 			for i := range len(reads) / wire.KVPairSize {
 				rank := first + uint32(i)
+				if int(rank) >= len(hot) {
+					break
+				}
 				s, hits := wire.RegRead(reads, i)
-				delta := hits - j.prevHits[parity][rank] // wraps like the counter
-				j.prevHits[parity][rank] = hits
+				delta := hits - prev[rank] // wraps like the counter
+				prev[rank] = hits
 				if delta > 0 {
 					hot[rank] += int64(s)
-					touched[hs.Key(rank)] += uint64(delta)
+					moved[rank] = true
+					if online {
+						touched[hs.Key(rank)] += uint64(delta)
+					}
 				}
 			}
 		}
 		for r, s := range it.spillSum {
-			hot[r] += s
-			touched[hs.Key(r)]++
-		}
-		for r, s := range hot {
-			k := hs.Key(r)
-			a := sums[k]
-			if a == nil {
-				a = &spAcc{}
-				sums[k] = a
+			if int(r) < len(hot) {
+				hot[r] += s
+				moved[r] = true
+				if online {
+					touched[hs.Key(r)]++
+				}
 			}
-			addFixed(&a.sum, &a.sp, s, scale)
 		}
+		for r, ok := range moved {
+			if !ok {
+				continue
+			}
+			k := hs.Key(uint32(r))
+			if a := it.cold[k]; a != nil {
+				addFixed(&a.sum, &a.sp, hot[r], scale)
+				continue // goes out with the cold keys
+			}
+			out = append(out, updatePair{k, math.Float32bits(float32(float64(hot[r]) * invPow2[scale]))})
+		}
+		j.lastHot = len(out)
 	}
-	keys := make([]uint64, 0, len(sums))
-	for k := range sums {
-		keys = append(keys, k)
+	for k, a := range it.cold {
+		out = append(out, updatePair{k, math.Float32bits(a.sum.float32(a.sp))})
 	}
-	slices.Sort(keys)
+	slices.SortFunc(out, func(a, b updatePair) int { return cmp.Compare(a.key, b.key) })
+	keys := out
 	per := coldPairs(p.cfg.MTU)
 	n := max(1, (len(keys)+per-1)/per)
 	flags := uint16(0)
@@ -535,9 +582,8 @@ func (p *SparsePS) complete(j *spJob, it *spIter) {
 		wire.EncodeHeader(b, &h)
 		wire.EncodeSparseHeader(b[wire.HdrSize:], &wire.SparseHeader{HotVersion: it.version, Npkts: uint16(n)})
 		pairs := b[wire.HdrSize+wire.SparseHdrSize:]
-		for x, k := range chunk {
-			a := sums[k]
-			wire.PutCold(pairs, x, k, math.Float32bits(a.sum.float32(a.sp)))
+		for x, u := range chunk {
+			wire.PutCold(pairs, x, u.key, u.bits)
 		}
 		it.update = append(it.update, b)
 	}
@@ -551,7 +597,7 @@ func (p *SparsePS) complete(j *spJob, it *spIter) {
 		}
 	}
 	p.st.iterations.Add(1)
-	if o := j.cfg.Online; o != nil && j.latest != nil {
+	if o := j.cfg.Online; online {
 		o.Observe(touched)
 		if o.Due() {
 			o.K = j.latest.Len()

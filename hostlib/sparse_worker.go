@@ -25,6 +25,9 @@ import (
 // keys go to the PS as <key, float32> and are summed there exactly. The PS reads the hot sums out
 // of the switch (MSG_PULL), merges them with its cold sums and sends the update to every worker.
 
+// DefaultSparseTimeout is SparseWorkerConfig.Timeout's default.
+const DefaultSparseTimeout = 100 * time.Millisecond
+
 // ErrOverflow: a hot register overflowed int32 in the iteration (only possible when a member
 // sends values beyond the bound SparseWorker keeps to); the PS cannot give an exact sum.
 var ErrOverflow = errors.New("hot sum overflowed at the switch")
@@ -48,8 +51,9 @@ type SparseWorkerConfig struct {
 	ScaleLog2 uint8
 	// MTU is the path MTU: pairs per packet follow from it (default 1500, at most 3388).
 	MTU int
-	// Timeout is the first retransmit timeout (default 20ms), doubling up to 8x; MaxRetries
-	// resends of an iteration before Step fails with ErrTimeout (default 50).
+	// Timeout is the first retransmit timeout (default 100ms: an iteration's update needs
+	// every worker's packets and the PS's merge, milliseconds for thousands of keys), doubling
+	// up to 8x; MaxRetries resends of an iteration before Step fails with ErrTimeout (default 50).
 	Timeout    time.Duration
 	MaxRetries int
 	// JobKey is the job's control key, for Join (ctlauth.KeySize bytes).
@@ -69,7 +73,7 @@ func (c SparseWorkerConfig) WithDefaults() SparseWorkerConfig {
 		c.MTU = 1500
 	}
 	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
+		c.Timeout = DefaultSparseTimeout
 	}
 	if c.MaxRetries == 0 {
 		c.MaxRetries = DefaultMaxRetries

@@ -156,3 +156,17 @@ func (m *Maps) RecircHistogram() ([]uint64, error) {
 	}
 	return out, nil
 }
+
+// RecirculationsPerPacket is the mean recirculations (passes - 1) of the non-empty hot packets
+// in a RecircHistogram.
+func RecirculationsPerPacket(h []uint64) float64 {
+	var n, r uint64
+	for k := 1; k < len(h); k++ {
+		n += h[k]
+		r += uint64(k-1) * h[k]
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(r) / float64(n)
+}

@@ -56,6 +56,12 @@ func frequencyOf(batches [][]uint64) map[uint64]uint64 {
 // uses every batch; rate <= 0 (or NaN) none, giving an empty ranking. The same seed gives the
 // same sample.
 func SampledRanking(iters [][][]uint64, rate float64, seed uint64) Ranking {
+	return RankByFrequency(SampledFrequency(iters, rate, seed))
+}
+
+// SampledFrequency counts, per key, the batches that touch it in the sample SampledRanking
+// ranks: what Principle 1 (ChooseK) needs besides the ranking.
+func SampledFrequency(iters [][][]uint64, rate float64, seed uint64) map[uint64]uint64 {
 	all := batches(iters) // a fresh slice: shuffling it leaves iters alone
 	n := len(all)
 	s := 0
@@ -71,5 +77,5 @@ func SampledRanking(iters [][][]uint64, rate float64, seed uint64) Ranking {
 		j := i + rng.IntN(n-i)
 		all[i], all[j] = all[j], all[i]
 	}
-	return RankByFrequency(frequencyOf(all[:s]))
+	return frequencyOf(all[:s])
 }

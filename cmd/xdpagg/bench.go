@@ -23,6 +23,7 @@ import (
 // benchOutput is what --json prints and bench.json holds.
 type benchOutput struct {
 	Report   *bench.Report         `json:"report,omitempty"`
+	Sparse   *bench.SparseResult   `json:"sparse,omitempty"`
 	LossCost *bench.LossCostResult `json:"loss_cost,omitempty"`
 	Capacity *capacity.Result      `json:"switch_capacity,omitempty"`
 }
@@ -45,6 +46,10 @@ func runBench(args []string, stdout io.Writer) error {
 		quiet   = fs.Bool("quiet", false, "no progress line")
 		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
 		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
+
+		sparseMode = fs.Bool("sparse", false, "run the sparse benchmark instead (Zebra Figs. 6, 9, 10 on a recorded trace; --workers applies)")
+		sparseIter = fs.Int("sparse-iterations", 40, "--sparse: iterations of the trace per round")
+		sparseTr   = fs.String("trace", "ctr_w8", "--sparse: the recorded trace")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -87,6 +92,24 @@ func runBench(args []string, stdout io.Writer) error {
 	}
 
 	var res benchOutput
+	if *sparseMode {
+		so := bench.SparseOptions{Trace: *sparseTr, Workers: opts.Workers, Iterations: *sparseIter, Rounds: *rounds, MTU: *mtu, Progress: opts.Progress}
+		if res.Sparse, err = bench.Sparse(ctx, so); err != nil {
+			return err
+		}
+		b, _ := json.MarshalIndent(res, "", "  ")
+		jsonPath := filepath.Join(*out, "bench-sparse.json")
+		if err := os.WriteFile(jsonPath, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", jsonPath, err)
+		}
+		if *asJSON {
+			_, err := stdout.Write(append(b, '\n'))
+			return err
+		}
+		res.Sparse.Table(stdout)
+		fmt.Fprintf(stdout, "\nwrote %s\n", jsonPath)
+		return nil
+	}
 	if !*capOnly && !*lossOne {
 		if res.Report, err = bench.Run(ctx, opts); err != nil {
 			return err

@@ -52,6 +52,13 @@ func runDemo(args []string, stdout io.Writer) error {
 		pool    = fs.Uint("pool", 4096, "switch aggregator slots")
 		asJSON  = fs.Bool("json", false, "print a JSON report instead of text")
 		mtu     = fs.Int("mtu", 1500, "MTU of the topology's links; packets carry (MTU-60)/4 values, at most 832 (MTU 3388)")
+
+		sparseMode = fs.Bool("sparse", false, "run the sparse demo instead: a recorded sparse-model trace, hot keys in the switch's registers, cold keys at the PS (docs/sparse.md)")
+		trace      = fs.String("trace", "ctr_w8", "--sparse: the recorded trace to train through (workload.RecordedNames)")
+		iterations = fs.Int("iterations", 0, "--sparse: iterations of the trace to run (0: all)")
+		regArrays  = fs.Int("reg-arrays", 256, "--sparse: register arrays (m) of the sparse job, 1..256; it holds m x 256 hot keys")
+		sample     = fs.Float64("sample", 0.08, "--sparse: share of the trace's batches the hot keys are chosen from (Zebra's sampling method)")
+		hotP       = fs.Float64("hot-p", 0.9, "--sparse: Principle 1's p: the smallest hot set that takes this share of the sample's updates (capped by the registers)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -71,11 +78,18 @@ func runDemo(args []string, stdout io.Writer) error {
 	if *rounds < 1 {
 		return fmt.Errorf("%w: --rounds %d: use at least 1", errUsage, *rounds)
 	}
+	if *sparseMode && (*regArrays < 1 || *regArrays > int(bpf.JobMaxArrays) || *sample <= 0 || *sample > 1 || *hotP <= 0 || *hotP > 1 || *iterations < 0) {
+		return fmt.Errorf("%w: --sparse: --reg-arrays 1..%d, --sample and --hot-p in (0,1], --iterations >= 0", errUsage, bpf.JobMaxArrays)
+	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("%w: the demo needs root (network namespaces, XDP)", errUsage)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *sparseMode {
+		return runSparseDemo(ctx, sparseDemoOptions{workers: *workers, iterations: *iterations, arrays: *regArrays,
+			trace: *trace, sample: *sample, p: *hotP, mtu: *mtu, asJSON: *asJSON}, stdout)
+	}
 	progress := func(format string, a ...any) {
 		if !*asJSON {
 			fmt.Fprintf(stdout, format+"\n", a...)

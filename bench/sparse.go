@@ -1,0 +1,475 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/hostlib"
+	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/netns_tests/testbed"
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/sparse"
+	"github.com/xdpagg/xdpagg/workload"
+)
+
+// SparseOptions configures `xdpagg bench --sparse`: Zebra's Figs. 6, 9 and 10 on a recorded
+// trace, side by side in one run.
+type SparseOptions struct {
+	Trace      string  // recorded trace (workload.RecordedNames), default "ctr_w8"
+	Workers    []int   // default 2, 4, 8
+	Iterations int     // iterations per round (default 40)
+	Rounds     int     // rounds per system and W; the best round counts (default 3)
+	Arrays     int     // register arrays of the sparse job (default 256)
+	Sample     float64 // offline identification's sampling rate (default 0.08)
+	P          float64 // Principle 1's p (default 0.9)
+	MTU        int     // default 1500
+	Progress   io.Writer
+}
+
+func (o SparseOptions) withDefaults() SparseOptions {
+	if o.Trace == "" {
+		o.Trace = "ctr_w8"
+	}
+	if len(o.Workers) == 0 {
+		o.Workers = []int{2, 4, 8}
+	}
+	if o.Iterations == 0 {
+		o.Iterations = 40
+	}
+	if o.Rounds == 0 {
+		o.Rounds = 3
+	}
+	if o.Arrays == 0 {
+		o.Arrays = int(bpf.JobMaxArrays)
+	}
+	if o.Sample == 0 {
+		o.Sample = 0.08
+	}
+	if o.P == 0 {
+		o.P = 0.9
+	}
+	if o.MTU == 0 {
+		o.MTU = 1500
+	}
+	return o
+}
+
+// SparseThroughput is one row of the Fig. 6 table: one W, every system.
+type SparseThroughput struct {
+	Workers int `json:"workers"`
+	// Pairs per iteration (all workers) and the dense tensor's size (the model's rows).
+	Pairs      float64 `json:"pairs_per_iteration"`
+	DenseElems int     `json:"dense_elements"`
+	// Seconds per iteration (best round) and gradient pairs aggregated per second.
+	SparseSec, PSOnlySec, DenseSec float64
+	SparsePPS, PSOnlyPPS, DensePPS float64
+	VsPSOnly, VsDense              float64 // sparse xdpagg's speed-up
+	HotShare                       float64 `json:"hot_share"` // pairs summed in the switch
+	RecircPerPkt                   float64 `json:"recirculations_per_packet"`
+}
+
+// SparseLayout is one row of the Fig. 10 table.
+type SparseLayout struct {
+	Layout       string   `json:"layout"`
+	Arrays       int      `json:"arrays"`
+	Histogram    []uint64 `json:"packets_by_passes"`
+	RecircPerPkt float64  `json:"recirculations_per_packet"`
+	Spilled      uint64   `json:"pairs_to_ps"`
+	HotPairs     uint64   `json:"hot_pairs"`
+}
+
+// SparsePrecision is one row of the Fig. 9 / Table II table.
+type SparsePrecision struct {
+	Method    string  `json:"method"` // "sample 4%", "online after 5% of iterations"
+	Precision float64 `json:"precision"`
+	Kendall   float64 `json:"kendall_tau_distance"`
+}
+
+// SparseReadOut compares the two read-outs, per iteration of the hot set.
+type SparseReadOut struct {
+	Ranks int `json:"ranks"`
+	// PullMicros: the PS's MSG_PULLs, first request to last answer, averaged over iterations.
+	PullMicros float64 `json:"pull_us"`
+	// AgentMicros: reading the job's m arrays of one parity with one batch lookup and zeroing
+	// them with one batch update, from user space on the switch (what an agent read-out costs
+	// before it sends anything to the PS).
+	AgentMicros float64 `json:"agent_batch_us"`
+}
+
+// SparseResult is the whole report.
+type SparseResult struct {
+	Trace      string             `json:"trace"`
+	HotKeys    int                `json:"hot_keys"`
+	Throughput []SparseThroughput `json:"throughput"`
+	Layouts    []SparseLayout     `json:"layouts"`
+	Precision  []SparsePrecision  `json:"precision"`
+	ReadOut    SparseReadOut      `json:"read_out"`
+	Machine    string             `json:"machine"`
+}
+
+// Sparse runs the sparse benchmark.
+func Sparse(ctx context.Context, o SparseOptions) (*SparseResult, error) {
+	o = o.withDefaults()
+	full, err := workload.Recorded(o.Trace)
+	if err != nil {
+		return nil, err
+	}
+	res := &SparseResult{Trace: o.Trace, Machine: machine()}
+	say := func(format string, a ...any) {
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "\r\033[K"+format, a...)
+		}
+	}
+	defer say("")
+
+	// Hot set: Zebra's sampling method and Principle 1 within the job's registers.
+	sampleFreq := sparse.SampledFrequency(full.Iters, o.Sample, 1)
+	ranking := sparse.RankByFrequency(sampleFreq)
+	mem := uint64(o.Arrays) * uint64(bpf.RegSlots) * 4
+	k, _, _, err := sparse.ChooseK(sparse.Frequencies(ranking, sampleFreq), o.P, 1, mem)
+	if err != nil {
+		return nil, err
+	}
+	hot, err := sparse.NewHotSet(1, ranking[:k])
+	if err != nil {
+		return nil, err
+	}
+	res.HotKeys = k
+
+	// Fig. 9 / Table II: identification precision against the full trace's own ranking.
+	truth := sparse.RankByFrequency(sparse.Frequency(full.Iters))
+	for _, rate := range []float64{0.01, 0.02, 0.04, 0.08, 0.16} {
+		est := sparse.SampledRanking(full.Iters, rate, 2)
+		res.Precision = append(res.Precision, SparsePrecision{Method: fmt.Sprintf("sample %g%%", 100*rate),
+			Precision: sparse.Precision(truth, est, k), Kendall: sparse.KendallTauDistance(truth, est, k)})
+	}
+	first := max(1, len(full.Iters)/20)
+	online := sparse.RankByFrequency(sparse.Frequency(full.Iters[:first]))
+	res.Precision = append(res.Precision, SparsePrecision{Method: fmt.Sprintf("online after the first 5%% (%d) of iterations", first),
+		Precision: sparse.Precision(truth, online, k), Kendall: sparse.KendallTauDistance(truth, online, k)})
+
+	// Fig. 6: throughput at each W.
+	for _, w := range o.Workers {
+		tr, err := full.Regroup(w)
+		if err != nil {
+			return nil, err
+		}
+		if tr, err = tr.Slice(w, min(o.Iterations, len(tr.Iters))); err != nil {
+			return nil, err
+		}
+		row := SparseThroughput{Workers: w, DenseElems: int(full.KeySpace)}
+		row.Pairs = float64(tr.Touches()) / float64(len(tr.Iters))
+		say("sparse W=%d: xdpagg ...", w)
+		best, hotShare, recirc, ro, err := runSparseXdpagg(ctx, o, tr, hot, false, nil)
+		if err != nil {
+			return nil, fmt.Errorf("sparse xdpagg W=%d: %w", w, err)
+		}
+		row.SparseSec, row.HotShare, row.RecircPerPkt = best, hotShare, recirc
+		if w == 4 || res.ReadOut.Ranks == 0 {
+			res.ReadOut = ro
+		}
+		settle()
+		say("sparse W=%d: PS only ...", w)
+		if row.PSOnlySec, err = runSparsePSOnly(ctx, o, tr); err != nil {
+			return nil, fmt.Errorf("sparse PS-only W=%d: %w", w, err)
+		}
+		settle()
+		say("sparse W=%d: dense xdpagg ...", w)
+		if row.DenseSec, err = runSparseDense(ctx, o, w, row.DenseElems); err != nil {
+			return nil, fmt.Errorf("dense xdpagg W=%d: %w", w, err)
+		}
+		settle()
+		row.SparsePPS, row.PSOnlyPPS, row.DensePPS = row.Pairs/row.SparseSec, row.Pairs/row.PSOnlySec, row.Pairs/row.DenseSec
+		row.VsPSOnly, row.VsDense = row.PSOnlySec/row.SparseSec, row.DenseSec/row.SparseSec
+		res.Throughput = append(res.Throughput, row)
+	}
+
+	// Fig. 10: recirculations per packet by layout, at W = 4 (or the closest W asked for).
+	w := o.Workers[0]
+	for _, x := range o.Workers {
+		if math.Abs(float64(x-4)) < math.Abs(float64(w-4)) {
+			w = x
+		}
+	}
+	tr, err := full.Regroup(w)
+	if err != nil {
+		return nil, err
+	}
+	if tr, err = tr.Slice(w, min(o.Iterations, len(tr.Iters))); err != nil {
+		return nil, err
+	}
+	// A random layout: the same hot keys, ranked in a random order (so a key's register array
+	// has nothing to do with its heat), packed in key order.
+	perm := sparse.Permutation(k, 3)
+	shuffled := make(sparse.Ranking, k)
+	for i, p := range perm {
+		shuffled[p] = ranking[i]
+	}
+	randomHot, err := sparse.NewHotSet(1, shuffled)
+	if err != nil {
+		return nil, err
+	}
+	for _, arrays := range []int{o.Arrays, 64} {
+		for _, l := range []struct {
+			name    string
+			hot     *sparse.HotSet
+			inOrder bool
+		}{{"heat-based + Algorithm 1", hot, false}, {"random + in order", randomHot, true}} {
+			say("sparse layouts: %s, m=%d ...", l.name, arrays)
+			oo := o
+			oo.Arrays = arrays
+			hs := l.hot
+			if hs.Len() > arrays*int(bpf.RegSlots) {
+				if hs, err = sparse.NewHotSet(1, hs.Keys()[:arrays*int(bpf.RegSlots)]); err != nil {
+					return nil, err
+				}
+			}
+			row := SparseLayout{Layout: l.name, Arrays: arrays}
+			if _, _, _, _, err := runSparseXdpagg(ctx, oo, tr, hs, l.inOrder, &row); err != nil {
+				return nil, fmt.Errorf("layout %s: %w", l.name, err)
+			}
+			res.Layouts = append(res.Layouts, row)
+			settle()
+		}
+	}
+	return res, nil
+}
+
+// gradients returns iteration it's keys and values per worker.
+func gradients(tr *workload.Trace, it int) ([][]uint64, [][]float32) {
+	keys := tr.Iters[it]
+	vals := make([][]float32, len(keys))
+	for w, b := range keys {
+		vals[w] = workload.Values(w, it, b, 7)
+	}
+	return keys, vals
+}
+
+// runSparseXdpagg runs the trace's iterations o.Rounds times on a sparse job of the XDP switch
+// and returns the best round's seconds per iteration, the share of pairs summed in the switch,
+// recirculations per hot packet and the read-out measurements. With layout set, it fills that
+// row from the switch's histogram instead (one round).
+func runSparseXdpagg(ctx context.Context, o SparseOptions, tr *workload.Trace, hot *sparse.HotSet, inOrder bool, layout *SparseLayout) (best, hotShare, recirc float64, ro SparseReadOut, err error) {
+	w := tr.Workers()
+	bed, err := testbed.New(testbed.Options{Workers: w, MTU: o.MTU, Switch: loader.Config{PoolSize: 256, RegArrays: uint32(max(o.Arrays, 64))}})
+	if err != nil {
+		return 0, 0, 0, ro, err
+	}
+	defer bed.Close()
+	hosts := make([]int, w)
+	for i := range hosts {
+		hosts[i] = i
+	}
+	const job = 100
+	if err := bed.StartSparse(testbed.SparseJobSpec{ID: job, Hosts: hosts, Arrays: o.Arrays, Hot: hot, InOrder: inOrder}); err != nil {
+		return 0, 0, 0, ro, err
+	}
+	j := bed.SparseJob(job)
+	rounds := o.Rounds
+	if layout != nil {
+		rounds = 1
+	}
+	iter := uint32(1)
+	best = math.Inf(1)
+	for range rounds {
+		start := time.Now()
+		for it := range tr.Iters {
+			keys, vals := gradients(tr, it)
+			if _, err := j.Step(ctx, iter, keys, vals); err != nil {
+				return 0, 0, 0, ro, err
+			}
+			iter++
+		}
+		best = min(best, time.Since(start).Seconds()/float64(len(tr.Iters)))
+	}
+	hist, err := bed.Switch.Maps.RecircHistogram()
+	if err != nil {
+		return 0, 0, 0, ro, err
+	}
+	c, err := bed.Counters()
+	if err != nil {
+		return 0, 0, 0, ro, err
+	}
+	recirc = maps.RecirculationsPerPacket(hist)
+	total := float64(tr.Touches()) * float64(rounds)
+	hotShare = float64(c[maps.CntSparsePairs]) / total
+	if layout != nil {
+		var hp uint64
+		for _, x := range j.Workers {
+			hp += x.Stats().HotPairs
+		}
+		layout.Histogram, layout.RecircPerPkt, layout.Spilled, layout.HotPairs = hist, recirc, c[maps.CntSparseSpill], hp
+		return best, hotShare, recirc, ro, nil
+	}
+	st := bed.SparsePS.Stats()
+	ro.Ranks = hot.Len()
+	if st.ReadOuts > 0 {
+		ro.PullMicros = float64(st.ReadOutTime.Microseconds()) / float64(st.ReadOuts)
+	}
+	ro.AgentMicros, err = agentReadOut(bed, job, o.Arrays)
+	return best, hotShare, recirc, ro, err
+}
+
+// agentReadOut times the other read-out: the job's m register arrays of one parity read with one
+// batch lookup and zeroed with one batch update (the best of 20).
+func agentReadOut(bed *testbed.Bed, job uint32, m int) (float64, error) {
+	j, err := bed.Switch.Maps.GetJob(job)
+	if err != nil {
+		return 0, err
+	}
+	regs := bed.Switch.Maps.Registers
+	keys := make([]uint32, m)
+	for a := range keys {
+		keys[a] = uint32(j.RegBase) + uint32(a)
+	}
+	vals := make([]bpf.XdpaggRegArray, m)
+	zero := make([]bpf.XdpaggRegArray, m)
+	best := math.Inf(1)
+	for range 20 {
+		start := time.Now()
+		var cursor ebpf.MapBatchCursor
+		got := 0
+		outKeys := make([]uint32, m)
+		for got < m {
+			n, err := regs.BatchLookup(&cursor, outKeys[got:], vals[got:], nil)
+			got += n
+			if errors.Is(err, ebpf.ErrKeyNotExist) || n == 0 {
+				break
+			}
+			if err != nil {
+				return 0, fmt.Errorf("batch lookup: %w", err)
+			}
+		}
+		if _, err := regs.BatchUpdate(keys, zero, nil); err != nil {
+			return 0, fmt.Errorf("batch update: %w", err)
+		}
+		best = min(best, float64(time.Since(start).Nanoseconds())/1e3)
+	}
+	return best, nil
+}
+
+// runSparsePSOnly runs the trace with every pair sent to a PS in user space (the same hostlib,
+// no hot set), on a topology without XDP.
+func runSparsePSOnly(ctx context.Context, o SparseOptions, tr *workload.Trace) (float64, error) {
+	w := tr.Workers()
+	tp, err := topo.New(topo.Config{Workers: w, PS: true, MTU: o.MTU, KernelOffloads: true})
+	if err != nil {
+		return 0, err
+	}
+	defer tp.Close()
+	addr := netip.AddrPortFrom(tp.PS.IP, psPort)
+	var workers []netip.AddrPort
+	for _, h := range tp.Workers {
+		workers = append(workers, netip.AddrPortFrom(h.IP, psWorkerPort))
+	}
+	var ps *hostlib.SparsePS
+	if err := tp.InHost(tp.PS, func() (err error) {
+		ps, err = hostlib.NewSparsePS(hostlib.SparsePSConfig{Listen: addr, MTU: o.MTU,
+			Jobs: []hostlib.SparsePSJob{{ID: 2, Workers: workers}}})
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- ps.Serve(sctx) }()
+	defer func() {
+		cancel()
+		ps.Close()
+		<-done
+	}()
+	ws := make([]*hostlib.SparseWorker, w)
+	for i, h := range tp.Workers {
+		if err := tp.InHost(h, func() (err error) {
+			ws[i], err = hostlib.NewSparseWorker(hostlib.SparseWorkerConfig{JobID: 2, WorkerID: uint8(i), NumWorkers: uint8(w),
+				Local: workers[i], PS: addr, MTU: o.MTU})
+			return err
+		}); err != nil {
+			return 0, err
+		}
+		defer ws[i].Close()
+	}
+	iter := uint32(1)
+	best := math.Inf(1)
+	for range o.Rounds {
+		start := time.Now()
+		for it := range tr.Iters {
+			keys, vals := gradients(tr, it)
+			var wg sync.WaitGroup
+			errs := make([]error, w)
+			for i := range ws {
+				wg.Go(func() { _, errs[i] = ws[i].Step(ctx, iter, keys[i], vals[i]) })
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return 0, err
+			}
+			iter++
+		}
+		best = min(best, time.Since(start).Seconds()/float64(len(tr.Iters)))
+	}
+	return best, nil
+}
+
+// runSparseDense streams the whole model (elems float32 per worker) through dense xdpagg for
+// every iteration, SwitchML-style; seconds per iteration, best of the rounds (each a few
+// allreduces).
+func runSparseDense(ctx context.Context, o SparseOptions, w, elems int) (float64, error) {
+	bed, err := testbed.New(testbed.Options{Workers: w, MTU: o.MTU})
+	if err != nil {
+		return 0, err
+	}
+	defer bed.Close()
+	in := make([][]float32, w)
+	for i := range in {
+		in[i] = make([]float32, elems)
+	}
+	best := math.Inf(1)
+	for range o.Rounds {
+		took, err := bed.AllReduce(ctx, in)
+		if err != nil {
+			return 0, err
+		}
+		best = min(best, took.Seconds())
+	}
+	return best, nil
+}
+
+// Table prints the three tables and the read-out comparison.
+func (r *SparseResult) Table(out io.Writer) {
+	fmt.Fprintf(out, "sparse benchmark on the recorded trace %s (%s); hot set: %d keys (8%% sample, Principle 1)\n\n", r.Trace, r.Machine, r.HotKeys)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "Fig. 6\tW\tpairs/iter\tsparse xdpagg ms/iter\tPS-only ms/iter\tdense xdpagg ms/iter\tvs PS-only\tvs dense\tin switch\trecirc/pkt\t")
+	for _, t := range r.Throughput {
+		fmt.Fprintf(tw, "\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2fx\t%.2fx\t%.1f%%\t%.3f\t\n", t.Workers, t.Pairs, 1e3*t.SparseSec,
+			1e3*t.PSOnlySec, 1e3*t.DenseSec, t.VsPSOnly, t.VsDense, 100*t.HotShare, t.RecircPerPkt)
+	}
+	tw.Flush()
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "Fig. 10\tlayout\tm\trecirc/pkt\tpackets by passes (empty,1..4)\tpairs to PS\thot pairs\t")
+	for _, l := range r.Layouts {
+		fmt.Fprintf(tw, "\t%s\t%d\t%.3f\t%v\t%d\t%d\t\n", l.Layout, l.Arrays, l.RecircPerPkt, l.Histogram, l.Spilled, l.HotPairs)
+	}
+	tw.Flush()
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "Fig. 9 / Table II\thot-set identification (top %d)\tprecision\tKendall tau distance\t\n", r.HotKeys)
+	for _, p := range r.Precision {
+		fmt.Fprintf(tw, "\t%s\t%.1f%%\t%.3f\t\n", p.Method, 100*p.Precision, p.Kendall)
+	}
+	tw.Flush()
+	fmt.Fprintf(out, "\nread-out of %d hot ranks per iteration: PS pull through XDP %.0f us (first request to last answer); agent batch read + zero of the job's arrays %.0f us (before any send to the PS)\n",
+		r.ReadOut.Ranks, r.ReadOut.PullMicros, r.ReadOut.AgentMicros)
+}
