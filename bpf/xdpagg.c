@@ -107,6 +107,25 @@ static __always_inline int sparse_finish(struct xdp_md *ctx, struct counters *ct
 	return to_ps(ctr, &q, 0);
 }
 
+/* Rank check of a hot packet's pairs, for bpf_loop (one callback verified once, rather than a
+ * 415-step loop the verifier walks step by step). */
+struct rank_check {
+	__u32 size;
+	__u32 bad;
+};
+
+static long check_one_rank(__u64 i, void *arg)
+{
+	struct rank_check *rc = arg;
+	__u32 zero = 0;
+	struct sparse_pass *sp = bpf_map_lookup_elem(&sparse_pass, &zero);
+	if (!sp || i >= XAGG_SPARSE_MAX_PAIRS || sp->pairs[i].rank >= rc->size) {
+		rc->bad = 1;
+		return 1;
+	}
+	return 0;
+}
+
 /* A worker's hot packet: check it against the job's registers, claim it in its iteration's
  * record (a duplicate stops here), copy its pairs to the per-CPU pass state and start the passes. */
 static __always_inline int handle_sparse(struct xdp_md *ctx, struct counters *ctr, struct pkt *p, struct job *j)
@@ -141,13 +160,13 @@ static __always_inline int handle_sparse(struct xdp_md *ctx, struct counters *ct
 		if (bpf_xdp_load_bytes(ctx, OFF_PAIRS, sp->pairs, len))
 			goto malformed;
 	}
-	__u32 size = m * reg_slots;
-	for (__u32 i = 0; i < XAGG_SPARSE_MAX_PAIRS; i++) {
-		if (i >= n)
-			break;
-		if (sp->pairs[i].rank >= size)
-			goto malformed; /* not a rank of this job's registers (nor a placed mark) */
-	}
+	/* Every rank must be one of this job's registers (nor a placed mark). */
+	struct rank_check rc = { .size = m * reg_slots };
+	if (n > XAGG_SPARSE_MAX_PAIRS)
+		goto malformed;
+	bpf_loop(n, check_one_rank, &rc, 0);
+	if (rc.bad)
+		goto malformed;
 
 	__u32 job_id = h->job_id;
 	struct sparse_job *sj = bpf_map_lookup_elem(&sparse_jobs, &job_id);
@@ -178,10 +197,11 @@ static __always_inline int handle_sparse(struct xdp_md *ctx, struct counters *ct
 	sp->worker = worker;
 	sp->pass = 0;
 	sp->index = index;
-	if (n == 0)
-		return sparse_finish(ctx, ctr, sp); /* an empty marker: nothing to sum */
-	bpf_tail_call(ctx, &sparse_progs, 0);
-	count(ctr, CNT_TAILCALL_ERR);
+	if (n > 0) {
+		bpf_tail_call(ctx, &sparse_progs, 0);
+		count(ctr, CNT_TAILCALL_ERR);
+	}
+	/* An empty marker (nothing to sum), or the tail call failed: finish here. */
 	return sparse_finish(ctx, ctr, sp);
 
 malformed:
