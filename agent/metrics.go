@@ -1,12 +1,16 @@
 package agent
 
 import (
+	"errors"
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xdpagg/xdpagg/maps"
 )
 
-// Collector exports a switch's counters and slot usage to Prometheus, and the agent's refused
+// Collector exports a switch's counters and slot usage to Prometheus, the sparse datapath's
+// recirculation histogram and each sparse job's iteration records, and the agent's refused
 // control messages by reason. It reads the maps (and the control server's counters) at scrape
 // time, so there is no second copy of the state to drift from the kernel's.
 type Collector struct {
@@ -19,6 +23,12 @@ type Collector struct {
 	jobs     *prometheus.Desc
 	rejected *prometheus.Desc
 	scrapeOK *prometheus.Desc
+	// The sparse datapath (docs/sparse.md).
+	recirc      *prometheus.Desc
+	sparseIter  *prometheus.Desc
+	sparseVer   *prometheus.Desc
+	sparseFill  *prometheus.Desc
+	sparseReady *prometheus.Desc
 }
 
 // NewCollector returns a collector over m.
@@ -32,6 +42,16 @@ func NewCollector(m *maps.Maps) *Collector {
 		jobs:     prometheus.NewDesc("xdpagg_switch_jobs", "Jobs admitted by the operator (xdpagg job add).", nil, nil),
 		rejected: prometheus.NewDesc("xdpagg_agent_control_rejected_total", "Control messages the agent refused, by reason (docs/security.md).", []string{"reason"}, nil),
 		scrapeOK: prometheus.NewDesc("xdpagg_switch_scrape_ok", "1 if the maps could be read.", nil, nil),
+		recirc: prometheus.NewDesc("xdpagg_switch_recirculation_packets",
+			"Hot (sparse) packets by the passes through the pipeline they took: 0 for empty markers, k for k-1 recirculations.", []string{"passes"}, nil),
+		sparseIter: prometheus.NewDesc("xdpagg_switch_sparse_iteration",
+			"Training iteration a sparse job's record of one iteration parity holds.", []string{"job", "parity"}, nil),
+		sparseVer: prometheus.NewDesc("xdpagg_switch_sparse_hot_version",
+			"Hot-set version of the iteration a sparse job's record of one parity holds.", []string{"job", "parity"}, nil),
+		sparseFill: prometheus.NewDesc("xdpagg_switch_sparse_register_filled",
+			"Register slots of a sparse job holding a sum of the iteration its record of one parity holds.", []string{"job", "parity"}, nil),
+		sparseReady: prometheus.NewDesc("xdpagg_switch_sparse_record_complete",
+			"1 if a sparse job's record of one iteration parity is complete (every worker's hot packets are in), else 0.", []string{"job", "parity"}, nil),
 	}
 }
 
@@ -43,7 +63,8 @@ func (c *Collector) WithControl(ctrl *ControlServer) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.scrapeOK} {
+	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.scrapeOK,
+		c.recirc, c.sparseIter, c.sparseVer, c.sparseFill, c.sparseReady} {
 		ch <- d
 	}
 }
@@ -77,6 +98,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if js, err := c.maps.ListJobs(); err == nil {
 		ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(len(js)))
+		if !c.collectSparse(ch, js) {
+			ok = 0
+		}
+	} else {
+		ok = 0
+	}
+	if h, err := c.maps.RecircHistogram(); err == nil {
+		for k, n := range h {
+			ch <- prometheus.MustNewConstMetric(c.recirc, prometheus.CounterValue, float64(n), strconv.Itoa(k))
+		}
 	} else {
 		ok = 0
 	}
@@ -88,4 +119,36 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.scrapeOK, prometheus.GaugeValue, ok)
+}
+
+// collectSparse exports the iteration records and register fill of the sparse jobs among js. It
+// reports false if one could not be read (a job removed since js was listed is skipped).
+func (c *Collector) collectSparse(ch chan<- prometheus.Metric, js []maps.Job) bool {
+	ok := true
+	for _, j := range js {
+		if j.RegArrays == 0 {
+			continue
+		}
+		st, err := c.maps.Sparse(j.JobID)
+		if errors.Is(err, maps.ErrNoJob) {
+			continue
+		}
+		if err != nil {
+			ok = false
+			continue
+		}
+		job := strconv.FormatUint(uint64(j.JobID), 10)
+		for p, r := range st.Records {
+			parity := strconv.Itoa(p)
+			complete := 0.0
+			if r.State == "complete" {
+				complete = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.sparseIter, prometheus.GaugeValue, float64(r.Iteration), job, parity)
+			ch <- prometheus.MustNewConstMetric(c.sparseVer, prometheus.GaugeValue, float64(r.Version), job, parity)
+			ch <- prometheus.MustNewConstMetric(c.sparseFill, prometheus.GaugeValue, float64(st.Filled[p]), job, parity)
+			ch <- prometheus.MustNewConstMetric(c.sparseReady, prometheus.GaugeValue, complete, job, parity)
+		}
+	}
+	return ok
 }

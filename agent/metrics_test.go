@@ -5,12 +5,14 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 )
@@ -124,6 +126,137 @@ func TestCollector(t *testing.T) {
 	}
 	if len(slots) != 2 || slots["aggregating"] != 0 || slots["complete"] != 0 {
 		t.Errorf("xdpagg_switch_slots = %v, want aggregating 0 and complete 0", slots)
+	}
+	// The recirculation histogram: every pass count from 0 (empty markers), at zero.
+	recirc := map[string]float64{}
+	for _, s := range fams["xdpagg_switch_recirculation_packets"] {
+		if len(s.labels) != 1 {
+			t.Errorf("recirculation series labels %v, want only passes", s.labels)
+		}
+		recirc[s.labels["passes"]] = s.value
+	}
+	if len(recirc) != bpf.SparseMaxPasses+1 {
+		t.Errorf("xdpagg_switch_recirculation_packets = %v, want passes 0..%d", recirc, bpf.SparseMaxPasses)
+	}
+	for k := range bpf.SparseMaxPasses + 1 {
+		if v, ok := recirc[strconv.Itoa(k)]; !ok || v != 0 {
+			t.Errorf("fresh switch: recirculation_packets{passes=%q} = %v, %v; want 0", strconv.Itoa(k), v, ok)
+		}
+	}
+	// No sparse job, no sparse series.
+	for _, f := range []string{"xdpagg_switch_sparse_iteration", "xdpagg_switch_sparse_hot_version",
+		"xdpagg_switch_sparse_register_filled", "xdpagg_switch_sparse_record_complete"} {
+		if s, ok := fams[f]; ok {
+			t.Errorf("%s = %v without a sparse job", f, s)
+		}
+	}
+}
+
+// The sparse datapath as the collector exports it: each sparse job's records by parity (dense
+// jobs have none) and the recirculation histogram, read at every scrape.
+func TestCollectorSparse(t *testing.T) {
+	sw := loadSwitch(t, 8)
+	m := sw.Maps
+	c := NewCollector(m)
+	admitJob(t, m, 1, netip.MustParseAddrPort("10.0.0.9:9510"), 2) // dense
+	key, err := ctlauth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.AddJob(maps.Job{JobID: 5, PS: netip.MustParseAddrPort("10.0.0.8:9510"), PSIfindex: testPort, Workers: 2,
+		MaxSlots: 8, RegArrays: 2}, key); err != nil {
+		t.Fatal(err)
+	}
+	j, err := m.GetJob(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// sparse reads the sparse families by job and parity.
+	sparse := func(fams map[string][]series) map[string]map[string]float64 {
+		t.Helper()
+		out := map[string]map[string]float64{}
+		for _, f := range []string{"iteration", "hot_version", "register_filled", "record_complete"} {
+			out[f] = map[string]float64{}
+			for _, s := range fams["xdpagg_switch_sparse_"+f] {
+				if len(s.labels) != 2 {
+					t.Errorf("sparse_%s labels %v, want job and parity", f, s.labels)
+				}
+				out[f][s.labels["job"]+"/"+s.labels["parity"]] = s.value
+			}
+		}
+		return out
+	}
+	got := sparse(gather(t, c))
+	for f, byKey := range got {
+		if len(byKey) != 2 || byKey["5/0"] != 0 || byKey["5/1"] != 0 {
+			t.Errorf("fresh sparse job: sparse_%s = %v, want 0 for job 5 parities 0 and 1 only", f, byKey)
+		}
+	}
+
+	// Iteration 6 complete in parity 0 with 3 slots summed, iteration 7 open in parity 1.
+	var st bpf.XdpaggSparseJob
+	st.It[0].Iter, st.It[0].Version, st.It[0].FanIn, st.It[0].State = 6, 2, 2, uint8(bpf.XdpaggSparseStateSPARSE_COMPLETE)
+	st.It[1].Iter, st.It[1].Version, st.It[1].FanIn, st.It[1].State = 7, 3, 2, uint8(bpf.XdpaggSparseStateSPARSE_OPEN)
+	if err := m.SparseJobs.Put(uint32(5), &st); err != nil {
+		t.Fatal(err)
+	}
+	var ra bpf.XdpaggRegArray
+	for s := range 3 {
+		ra.Cells[s], ra.Hits[s] = 6<<32|1, 2
+	}
+	ra.Cells[4], ra.Hits[4] = 4<<32|1, 1 // an older iteration's: reads as zero
+	if err := m.Registers.Put(uint32(j.RegBase)+1, &ra); err != nil {
+		t.Fatal(err)
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, n := range []uint64{1, 7, 3, 0, 1} {
+		per := make([]uint64, ncpu)
+		per[0] = n
+		if err := m.RecircHist.Put(uint32(k), per); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fams := gather(t, c)
+	got = sparse(fams)
+	want := map[string]map[string]float64{
+		"iteration":       {"5/0": 6, "5/1": 7},
+		"hot_version":     {"5/0": 2, "5/1": 3},
+		"register_filled": {"5/0": 3, "5/1": 0},
+		"record_complete": {"5/0": 1, "5/1": 0},
+	}
+	for f, w := range want {
+		if len(got[f]) != len(w) || got[f]["5/0"] != w["5/0"] || got[f]["5/1"] != w["5/1"] {
+			t.Errorf("sparse_%s = %v, want %v", f, got[f], w)
+		}
+	}
+	recirc := map[string]float64{}
+	for _, s := range fams["xdpagg_switch_recirculation_packets"] {
+		recirc[s.labels["passes"]] = s.value
+	}
+	if w := map[string]float64{"0": 1, "1": 7, "2": 3, "3": 0, "4": 1}; len(recirc) != len(w) ||
+		recirc["0"] != 1 || recirc["1"] != 7 || recirc["2"] != 3 || recirc["3"] != 0 || recirc["4"] != 1 {
+		t.Errorf("xdpagg_switch_recirculation_packets = %v, want %v", recirc, w)
+	}
+	if got := single(t, fams, "xdpagg_switch_scrape_ok"); got != 1 {
+		t.Errorf("xdpagg_switch_scrape_ok = %v, want 1", got)
+	}
+
+	// A sparse job whose records cannot be read: scrape_ok 0, the rest still exported.
+	if err := m.SparseJobs.Delete(uint32(5)); err != nil {
+		t.Fatal(err)
+	}
+	fams = gather(t, c)
+	if got := single(t, fams, "xdpagg_switch_scrape_ok"); got != 0 {
+		t.Errorf("xdpagg_switch_scrape_ok with a sparse job's records gone = %v, want 0", got)
+	}
+	if got := single(t, fams, "xdpagg_switch_jobs"); got != 2 {
+		t.Errorf("xdpagg_switch_jobs = %v, want 2", got)
+	}
+	if s, ok := fams["xdpagg_switch_sparse_iteration"]; ok {
+		t.Errorf("sparse_iteration = %v for unreadable records", s)
 	}
 }
 

@@ -163,95 +163,22 @@ func (m *model) step(f frame) outcome {
 	}
 	n := int(h.Count)
 	s := &m.slots[h.AggIndex]
-	pktFlags := h.Flags & (fECN | fOverflow)
-	resend := h.Flags&fResend != 0
-	quotaOK := j.held < int32(j.maxSlots) // read before the slot's lock, as the switch does
-	var ovf, reclaimed bool
-	how := "add"
-	result := func(extra uint16) uint16 {
-		return h.Flags&fLevel1 | s.flags&(fECN|fOverflow) | extra
+	c := mcontrib{job: h.JobId, seq: h.Seq, bitmap: bm, nvals: h.Count, fan: uint8(fan), scale: h.ScaleLog2,
+		flags: h.Flags & (fECN | fOverflow), resend: h.Flags&fResend != 0,
+		quotaOK: j.held < int32(j.maxSlots)} // read before the slot's lock, as the switch does
+	how := map[uint8]string{slotFree: "reserve a free slot", slotAggregating: "take over own older half-filled slot",
+		slotComplete: "retake own completed slot"}[s.state]
+	matched := s.state != slotFree && s.job == h.JobId && s.seq == h.Seq
+	if matched {
+		how = "add"
 	}
-	if !(s.state != slotFree && s.job == h.JobId && s.seq == h.Seq) {
-		owned := s.state != slotFree && s.job == h.JobId
-		reusable := s.state == slotFree || (owned && seqAfter(h.Seq, s.seq))
-		switch {
-		case resend:
-			return toPS(0, "resend without a matching slot")
-		case !reusable:
-			return toPS(fCollision, "collision")
-		case !owned && !quotaOK:
-			o := toPS(0, "over quota")
-			o.delta[maps.CntOverQuota] = 1
-			return o
-		case s.state == slotFree:
-			how = "reserve a free slot"
-		case s.state == slotAggregating:
-			how = "take over own older half-filled slot"
-			reclaimed = true
-		default:
-			how = "retake own completed slot"
-		}
-		if !owned {
-			j.held++
-			if s.state != slotFree { // another job's stale slot (never here: no timeouts)
-				m.jobs[s.job].held--
-			}
-		}
-		*s = mslot{state: slotAggregating, counter: 1, fan: uint8(fan), scale: h.ScaleLog2, job: h.JobId, seq: h.Seq,
-			bitmap: bm, nvals: h.Count, flags: pktFlags}
-		copy(s.vals[:], f.Vals)
-	} else if s.state == slotComplete {
-		if int(s.nvals) != n {
-			return malformed
-		}
-		return outcome{verdict: xdpTX, delta: cnt{maps.CntRx: 1, maps.CntShadowTx: 1},
-			out: ptr(asShadow(f, s.bitmap, result(fFromSwitch|fShadow), s.vals[:n])), what: "shadow"}
-	} else if int(s.nvals) != n || uint32(s.fan) != fan {
-		return malformed
-	} else if resend {
-		// ATP's partial flush: merge new bits, then the slot's partial sum goes to the PS and
-		// the slot is freed (unless this completed it).
-		switch {
-		case bm&s.bitmap == bm:
-		case bm&s.bitmap != 0:
-			return toPS(0, "partial aggregate overlapping the slot")
-		default:
-			s.bitmap |= bm
-			s.counter++
-			s.flags |= pktFlags
-			for i, v := range f.Vals {
-				var o bool
-				s.vals[i], o = wrapAddOvf(s.vals[i], v)
-				ovf = ovf || o
-			}
-		}
-		if ovf {
-			s.flags |= fOverflow
-		}
-		if bits.OnesCount32(s.bitmap) < int(s.fan) {
-			s.state = slotFree
-			j.held--
-			g := f
-			if h.Flags&fLevel1 != 0 {
-				g.Hdr.Bitmap1 = s.bitmap
-			} else {
-				g.Hdr.Bitmap0 = s.bitmap
-			}
-			g.Hdr.Flags |= s.flags & (fECN | fOverflow)
-			g.Vals = slices.Clone(s.vals[:n])
-			return outcome{verdict: xdpPass, delta: cnt{maps.CntRx: 1, maps.CntToPS: 1, maps.CntFlushed: 1},
-				out: ptr(asToPS(g, 0)), what: "flush partial to PS"}
-		}
-		how = "resend completes"
-	} else if bm&^s.bitmap == 0 {
-		s.flags |= pktFlags & fECN
-		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntDuplicate: 1}, what: "duplicate"}
-	} else if bm&s.bitmap != 0 {
-		return toPS(0, "partial aggregate overlapping the slot")
-	} else {
-		s.bitmap |= bm
-		s.counter++
-		s.flags |= pktFlags
+	d := slotDecide(s, c)
+	// The value pass, still "under the lock".
+	ovf := false
+	switch d.pass {
+	case passCopy:
+		copy(s.vals[:n], f.Vals)
+	case passAdd, passAddOut:
 		for i, v := range f.Vals {
 			var o bool
 			s.vals[i], o = wrapAddOvf(s.vals[i], v)
@@ -261,22 +188,190 @@ func (m *model) step(f frame) outcome {
 	if ovf {
 		s.flags |= fOverflow
 	}
-	if bits.OnesCount32(s.bitmap) < int(s.fan) {
-		d := cnt{maps.CntRx: 1, maps.CntAggregated: 1}
-		if reclaimed {
-			d[maps.CntReclaimed] = 1
+	slotSettle(s, &d)
+	j.held += d.heldDelta
+	if d.prevOwner != 0 {
+		m.jobs[d.prevOwner].held--
+	}
+	result := func(extra uint16) uint16 {
+		return h.Flags&fLevel1 | s.flags&(fECN|fOverflow) | extra
+	}
+	withReclaim := func(dl cnt) cnt {
+		if d.reclaimed {
+			dl[maps.CntReclaimed] = 1
 		}
-		return outcome{verdict: xdpDrop, delta: d, what: "aggregated", how: how}
+		return dl
 	}
-	s.state = slotComplete
-	d := cnt{maps.CntRx: 1, maps.CntAggregated: 1, maps.CntCompleted: 1}
-	if reclaimed {
-		d[maps.CntReclaimed] = 1
+	switch d.verdict {
+	case vMalformed:
+		return malformed
+	case vDuplicate:
+		return outcome{verdict: xdpDrop, delta: cnt{maps.CntRx: 1, maps.CntDuplicate: 1}, what: "duplicate"}
+	case vCollision:
+		return toPS(fCollision, "collision")
+	case vOverQuota:
+		o := toPS(0, "over quota")
+		o.delta[maps.CntOverQuota] = 1
+		return o
+	case vToPS:
+		if !matched {
+			return toPS(0, "resend without a matching slot")
+		}
+		return toPS(0, "partial aggregate overlapping the slot")
+	case vShadow:
+		return outcome{verdict: xdpTX, delta: cnt{maps.CntRx: 1, maps.CntShadowTx: 1},
+			out: ptr(asShadow(f, s.bitmap, result(fFromSwitch|fShadow), s.vals[:n])), what: "shadow"}
+	case vFlush:
+		// ATP's partial flush: the slot's partial sum goes on to the PS as DATA with its bits.
+		g := f
+		if h.Flags&fLevel1 != 0 {
+			g.Hdr.Bitmap1 = s.bitmap
+		} else {
+			g.Hdr.Bitmap0 = s.bitmap
+		}
+		g.Hdr.Flags |= s.flags & (fECN | fOverflow)
+		g.Vals = slices.Clone(s.vals[:n])
+		return outcome{verdict: xdpPass, delta: cnt{maps.CntRx: 1, maps.CntToPS: 1, maps.CntFlushed: 1},
+			out: ptr(asToPS(g, 0)), what: "flush partial to PS"}
+	case vAggregated:
+		return outcome{verdict: xdpDrop, delta: withReclaim(cnt{maps.CntRx: 1, maps.CntAggregated: 1}), what: "aggregated", how: how}
 	}
+	// vCompleted
+	dl := withReclaim(cnt{maps.CntRx: 1, maps.CntAggregated: 1, maps.CntCompleted: 1})
 	if s.flags&fOverflow != 0 {
-		d[maps.CntOverflow] = 1
+		dl[maps.CntOverflow] = 1
 	}
-	return outcome{verdict: xdpRedirect, delta: d, out: ptr(asResult(f, s.bitmap, result(fFromSwitch), s.vals[:n])), what: "completed", how: how}
+	if c.resend {
+		how = "resend completes"
+	}
+	return outcome{verdict: xdpRedirect, delta: dl, out: ptr(asResult(f, s.bitmap, result(fFromSwitch), s.vals[:n])), what: "completed", how: how}
+}
+
+// The slot state machine of bpf/state.h, step for step: enum data_verdict, enum value_pass,
+// struct contrib and struct decision, slot_decide and slot_settle. No slot of the model ever
+// times out (the switch under test has a one-hour timeout), so "stale" is always false.
+const (
+	vAggregated = iota
+	vCompleted
+	vDuplicate
+	vCollision
+	vShadow
+	vToPS
+	vMalformed
+	vFlush
+	vOverQuota
+)
+
+const (
+	passNone = iota
+	passCopy
+	passRead
+	passAdd
+	passAddOut
+)
+
+type mcontrib struct {
+	job, seq, bitmap uint32
+	nvals            uint16
+	fan, scale       uint8
+	flags            uint16
+	resend, quotaOK  bool
+}
+
+type mdecision struct {
+	verdict, pass int
+	reclaimed     bool
+	heldDelta     int32
+	prevOwner     uint32
+}
+
+func slotMerge(s *mslot, bm uint32, flags uint16) {
+	s.bitmap |= bm
+	s.counter++
+	s.flags |= flags
+}
+
+// slotDecide mirrors slot_decide.
+func slotDecide(s *mslot, c mcontrib) (d mdecision) {
+	const stale = false
+	job, seq, bm := c.job, c.seq, c.bitmap
+	match := s.state != slotFree && s.job == job && s.seq == seq
+	switch {
+	case !match:
+		reusable := s.state == slotFree
+		if s.state == slotAggregating && (stale || (s.job == job && seqAfter(seq, s.seq))) {
+			reusable, d.reclaimed = true, true
+		} else if s.state == slotComplete {
+			if s.job == job && seqAfter(seq, s.seq) {
+				reusable = true
+			} else if stale {
+				reusable, d.reclaimed = true, true
+			}
+		}
+		owned := s.state != slotFree && s.job == job
+		switch {
+		case c.resend:
+			d.verdict = vToPS
+		case !reusable:
+			d.verdict = vCollision
+		case !owned && !c.quotaOK:
+			d.verdict = vOverQuota
+		default:
+			if !owned {
+				d.heldDelta = 1
+				if s.state != slotFree {
+					d.prevOwner = s.job
+				}
+			}
+			*s = mslot{job: job, seq: seq, bitmap: bm, nvals: c.nvals, state: slotAggregating, counter: 1,
+				fan: c.fan, scale: c.scale, flags: c.flags}
+			d.pass, d.verdict = passCopy, vAggregated
+		}
+	case s.state == slotComplete:
+		if s.nvals != c.nvals {
+			d.verdict = vMalformed
+		} else {
+			d.pass, d.verdict = passRead, vShadow
+		}
+	case s.nvals != c.nvals || s.fan != c.fan:
+		d.verdict = vMalformed
+	case c.resend:
+		switch {
+		case bm&s.bitmap == bm:
+			d.pass, d.verdict = passRead, vFlush
+		case bm&s.bitmap != 0:
+			d.verdict = vToPS
+		default:
+			slotMerge(s, bm, c.flags)
+			d.pass, d.verdict = passAddOut, vFlush
+		}
+	case bm&^s.bitmap == 0:
+		s.flags |= c.flags & fECN
+		d.verdict = vDuplicate
+	case bm&s.bitmap != 0:
+		d.verdict = vToPS
+	default:
+		slotMerge(s, bm, c.flags)
+		d.verdict = vAggregated
+		if bits.OnesCount32(s.bitmap) >= int(s.fan) {
+			d.pass = passAddOut
+		} else {
+			d.pass = passAdd
+		}
+	}
+	return d
+}
+
+// slotSettle mirrors slot_settle.
+func slotSettle(s *mslot, d *mdecision) {
+	full := bits.OnesCount32(s.bitmap) >= int(s.fan)
+	if (d.verdict == vAggregated || d.verdict == vFlush) && full {
+		s.state = slotComplete
+		d.verdict = vCompleted
+	} else if d.verdict == vFlush {
+		s.state = slotFree
+		d.heldDelta = -1
+	}
 }
 
 // result mirrors handle_result for a RESULT that parses (arriving at loIfindex): job 0 is

@@ -11,11 +11,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdpagg/xdpagg/agent"
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
@@ -36,7 +38,8 @@ func runJob(args []string, stdout io.Writer) error {
 		return runJobRm(args[1:], stdout)
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, "usage: xdpagg job add|list|rm [flags]\n\n"+
-			"  add   admit a job: bind its PS, its worker count and slot quota, make its key\n"+
+			"  add   admit a job: bind its PS, its worker count and slot quota (and a sparse job's\n"+
+			"        register arrays, --reg-arrays), make its key\n"+
 			"  list  show admitted jobs\n"+
 			"  rm    end a job: drop its members and key, free its slots")
 		return nil
@@ -58,9 +61,36 @@ func openSwitch(pinRoot, name string) (*maps.Maps, error) {
 	return m, nil
 }
 
+// jobJSON is a job as `job add --json` and `job list --json` print it: maps.Job, with its register
+// arrays always shown (0: a dense job) and their base whenever the job is sparse (maps.Job omits
+// a base of 0, which is the first sparse job's).
+type jobJSON struct {
+	maps.Job
+	RegArrays uint16  `json:"reg_arrays"`
+	RegBase   *uint16 `json:"reg_base,omitempty"`
+}
+
+func newJobJSON(j maps.Job) jobJSON {
+	out := jobJSON{Job: j, RegArrays: j.RegArrays}
+	if j.RegArrays > 0 {
+		base := j.RegBase
+		out.RegBase = &base
+	}
+	return out
+}
+
+// sparseDesc is a job's register arrays as the tables show them: "m=64@0" (m arrays from array
+// 0, of each parity), or "-" for a dense job.
+func sparseDesc(j maps.Job) string {
+	if j.RegArrays == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("m=%d@%d", j.RegArrays, j.RegBase)
+}
+
 // jobAdded is what `xdpagg job add --json` prints.
 type jobAdded struct {
-	maps.Job
+	jobJSON
 	Key string `json:"key,omitempty"` // hex; absent when written to --key-file
 }
 
@@ -74,6 +104,7 @@ func runJobAdd(args []string, stdout io.Writer) error {
 		psIface  = fs.String("ps-iface", "", "switch port the PS is behind (default: the port the switch routes the PS's address to)")
 		maxSlots = fs.Uint("max-slots", 0, "most aggregator slots the job may hold (default: a quarter of the pool, at least 128)")
 		keyFile  = fs.String("key-file", "", "write the job's key (hex) to this file, mode 0600, instead of printing it")
+		regArr   = fs.Uint("reg-arrays", 0, fmt.Sprintf("make a sparse (hot-parameter) job owning this many of the switch's register arrays (m), 1..%d: m x r hot parameters summed in-switch (r: xdpagg switch --reg-slots); 0: a dense job", bpf.JobMaxArrays))
 		asJSON   = fs.Bool("json", false, "print JSON")
 	)
 	if err := parseFlags(fs, args); err != nil {
@@ -85,6 +116,9 @@ func runJobAdd(args []string, stdout io.Writer) error {
 	if *workers == 0 || *workers > 32 {
 		return fmt.Errorf("%w: --workers %d: use 1..32", errUsage, *workers)
 	}
+	if *regArr > uint(bpf.JobMaxArrays) {
+		return fmt.Errorf("%w: --reg-arrays %d: use 0 (a dense job) or 1..%d", errUsage, *regArr, bpf.JobMaxArrays)
+	}
 	psAddr, err := parsePS(*ps)
 	if err != nil {
 		return err
@@ -94,6 +128,9 @@ func runJobAdd(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer m.Close()
+	if total := m.RegArrays(); uint32(*regArr) > total {
+		return fmt.Errorf("%w: --reg-arrays %d: the switch has %d register arrays in all (xdpagg switch --reg-arrays)", errUsage, *regArr, total)
+	}
 	ifindex, err := psPort(m, psAddr.Addr(), *psIface)
 	if err != nil {
 		return err
@@ -109,7 +146,7 @@ func runJobAdd(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	j := maps.Job{JobID: uint32(*id), PS: psAddr, PSIfindex: ifindex, Workers: uint8(*workers), MaxSlots: quota}
+	j := maps.Job{JobID: uint32(*id), PS: psAddr, PSIfindex: ifindex, Workers: uint8(*workers), MaxSlots: quota, RegArrays: uint16(*regArr)}
 	if *keyFile != "" {
 		// Written before admission, to a new file next to its destination: a job never exists
 		// without its key somewhere, the file is 0600 whatever was there before, and a refused
@@ -120,30 +157,91 @@ func runJobAdd(args []string, stdout io.Writer) error {
 		}
 		if err := m.AddJob(j, key); err != nil {
 			_ = os.Remove(tmp)
-			return err
+			return admitError(m, j, err)
 		}
 		if err := os.Rename(tmp, *keyFile); err != nil {
 			return fmt.Errorf("job %d admitted, but its key is in %s: %w", j.JobID, tmp, err)
 		}
 	} else if err := m.AddJob(j, key); err != nil {
-		return err
+		return admitError(m, j, err)
 	}
-	out := jobAdded{Job: j}
+	// AddJob chose the register arrays of a sparse job: read them back. The key is printed
+	// whatever happens (it exists nowhere else), and a failed read reported after it.
+	var readErr error
+	if j.RegArrays > 0 {
+		if a, err := m.Admission(j.JobID); err != nil {
+			readErr = fmt.Errorf("job %d admitted, but its register arrays could not be read back (see xdpagg job list): %w", j.JobID, err)
+		} else {
+			j.RegBase = a.RegBase
+		}
+	}
+	out := jobAdded{jobJSON: newJobJSON(j)}
+	if readErr != nil {
+		out.RegBase = nil // unknown
+	}
 	if *keyFile == "" {
 		out.Key = ctlauth.FormatKey(key)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+		return readErr
 	}
-	fmt.Fprintf(stdout, "job %d admitted: %d workers, PS %v (switch port ifindex %d), at most %d slots\n", j.JobID, j.Workers, j.PS, j.PSIfindex, j.MaxSlots)
+	fmt.Fprintf(stdout, "job %d admitted: %d workers, PS %v (switch port ifindex %d), at most %d slots", j.JobID, j.Workers, j.PS, j.PSIfindex, j.MaxSlots)
+	if j.RegArrays > 0 && readErr == nil {
+		fmt.Fprintf(stdout, ", sparse: %d register arrays from array %d of each parity (%s)", j.RegArrays, j.RegBase, sparseDesc(j))
+	}
+	fmt.Fprintln(stdout)
 	if out.Key != "" {
 		fmt.Fprintf(stdout, "key %s\n", out.Key)
 	} else {
 		fmt.Fprintf(stdout, "key written to %s\n", *keyFile)
 	}
-	return nil
+	return readErr
+}
+
+// admitError explains a refused admission. When the switch has no free run of register arrays
+// for a sparse job, it says how many it has, which jobs own them and the largest free run.
+func admitError(m *maps.Maps, j maps.Job, err error) error {
+	if !errors.Is(err, maps.ErrNoRegisters) {
+		return err
+	}
+	total := m.RegArrays()
+	jobs, lerr := m.ListJobs()
+	if lerr != nil {
+		return fmt.Errorf("job %d: --reg-arrays %d: %w", j.JobID, j.RegArrays, err)
+	}
+	var owners []string
+	used := make([]bool, total)
+	for _, o := range jobs {
+		if o.RegArrays == 0 {
+			continue
+		}
+		owners = append(owners, fmt.Sprintf("job %d %s", o.JobID, sparseDesc(o)))
+		for a := uint32(o.RegBase); a < uint32(o.RegBase)+uint32(o.RegArrays) && a < total; a++ {
+			used[a] = true
+		}
+	}
+	free, run, largest := 0, 0, 0
+	for _, u := range used {
+		if u {
+			run = 0
+			continue
+		}
+		free++
+		run++
+		largest = max(largest, run)
+	}
+	held := "none"
+	if len(owners) > 0 {
+		held = strings.Join(owners, ", ")
+	}
+	return fmt.Errorf("job %d: --reg-arrays %d: %w: the switch has %d register arrays per parity, %d free, at most %d in one run (owned: %s); "+
+		"ask for fewer, end a sparse job (xdpagg job rm), or restart the switch with a larger --reg-arrays",
+		j.JobID, j.RegArrays, err, total, free, largest, held)
 }
 
 // writeKeyTemp writes key (hex) to a new file of mode 0600 in path's directory and returns its name.
@@ -223,17 +321,18 @@ func runJobList(args []string, stdout io.Writer) error {
 		return err
 	}
 	if *asJSON {
-		if jobs == nil {
-			jobs = []maps.Job{}
+		out := []jobJSON{}
+		for _, j := range jobs {
+			out = append(out, newJobJSON(j))
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(jobs)
+		return enc.Encode(out)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tPS\tPS IFINDEX\tWORKERS\tJOINED\tSLOTS HELD\tMAX SLOTS")
+	fmt.Fprintln(tw, "JOB\tPS\tPS IFINDEX\tWORKERS\tJOINED\tSLOTS HELD\tMAX SLOTS\tSPARSE")
 	for _, j := range jobs {
-		fmt.Fprintf(tw, "%d\t%v\t%d\t%d\t%#x\t%d\t%d\n", j.JobID, j.PS, j.PSIfindex, j.Workers, j.Joined, j.Held, j.MaxSlots)
+		fmt.Fprintf(tw, "%d\t%v\t%d\t%d\t%#x\t%d\t%d\t%s\n", j.JobID, j.PS, j.PSIfindex, j.Workers, j.Joined, j.Held, j.MaxSlots, sparseDesc(j))
 	}
 	return tw.Flush()
 }

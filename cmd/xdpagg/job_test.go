@@ -26,6 +26,12 @@ import (
 // switch port (in the ports devmap) and a veth xd0 with 10.77.0.1/24 is not.
 func jobSwitch(t *testing.T, pool uint32) (*loader.Switch, string) {
 	t.Helper()
+	return jobSwitchConfig(t, loader.Config{PoolSize: pool})
+}
+
+// jobSwitchConfig is jobSwitch for a switch of any configuration.
+func jobSwitchConfig(t *testing.T, cfg loader.Config) (*loader.Switch, string) {
+	t.Helper()
 	bpftest.InNewNetns(t)
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
@@ -52,7 +58,7 @@ func jobSwitch(t *testing.T, pool uint32) (*loader.Switch, string) {
 			t.Fatal(err)
 		}
 	}
-	sw, root := pinnedSwitch(t, "sw", pool)
+	sw, root := pinnedSwitchConfig(t, "sw", cfg)
 	if err := sw.Maps.Ports.Put(uint32(lo.Attrs().Index), &bpf.XdpaggBpfDevmapVal{Ifindex: uint32(lo.Attrs().Index)}); err != nil {
 		t.Fatalf("make lo a switch port: %v", err)
 	}
@@ -88,6 +94,8 @@ func TestJobFlags(t *testing.T) {
 		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1:65536"), "want IPv4[:port]"},
 		{add("--id", "1", "--workers", "2", "--ps", "ps.example"), "want IPv4[:port]"},
 		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "extra"), `unexpected argument "extra"`},
+		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "--reg-arrays", "257"), "--reg-arrays 257: use 0 (a dense job) or 1..256"},
+		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "--reg-arrays", "-1"), "invalid value"},
 		{[]string{"rm", "--pin-root", root}, "--id 0"},
 		{[]string{"rm", "--pin-root", root, "--id", "4294967296"}, "--id 4294967296"},
 		{[]string{"list", "--pin-root", root, "--json=maybe"}, "invalid boolean value"},
@@ -401,7 +409,10 @@ func TestJobListRm(t *testing.T) {
 	if len(lines) != 3 || !strings.Contains(lines[0], "SLOTS HELD") || !strings.Contains(lines[0], "JOINED") {
 		t.Fatalf("job list printed %q, want a header and two jobs", out)
 	}
-	for i, want := range [][]string{{"11", "127.0.0.5:9510", "1", "2", "0x2", "4", "300"}, {"12", "127.0.0.5:9510", "1", "2", "0x0", "1", "300"}} {
+	if !strings.Contains(lines[0], "SPARSE") {
+		t.Errorf("job list header %q has no SPARSE column", lines[0])
+	}
+	for i, want := range [][]string{{"11", "127.0.0.5:9510", "1", "2", "0x2", "4", "300", "-"}, {"12", "127.0.0.5:9510", "1", "2", "0x0", "1", "300", "-"}} {
 		if f := strings.Fields(lines[i+1]); !slicesEqual(f, want) {
 			t.Errorf("job list row %d = %q, want %q", i, f, want)
 		}

@@ -89,6 +89,10 @@ func TestSwitchFlags(t *testing.T) {
 		{[]string{"--iface", "p0", "--name", "a/b"}, `switch name "a/b"`},
 		{[]string{"--iface", "p0", "--name", ""}, `switch name ""`},
 		{[]string{"--iface", "p0", "--slot-timeout", "10us"}, "slot timeout 10µs: use at least 1ms"},
+		{[]string{"--iface", "p0", "--reg-arrays", "0"}, "--reg-arrays 0: use 1..8192 (kernel memory 2 x arrays x 3 KiB)"},
+		{[]string{"--iface", "p0", "--reg-arrays", "8193"}, "--reg-arrays 8193: use 1..8192"},
+		{[]string{"--iface", "p0", "--reg-slots", "0"}, "--reg-slots 0: use 1..256"},
+		{[]string{"--iface", "p0", "--reg-slots", "257"}, "--reg-slots 257: use 1..256"},
 	})
 }
 
@@ -111,6 +115,7 @@ func TestInspectFlags(t *testing.T) {
 	checkUsage(t, run, []usageCase{
 		{[]string{"--json", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--json=maybe"}, "invalid boolean value"},
+		{[]string{"--reg-slots", "257"}, "--reg-slots 257: use 1..256, or 0 if unknown"},
 	})
 	quietStderr(t)
 	if err := runInspect([]string{"-h"}, &bytes.Buffer{}); !errors.Is(err, flag.ErrHelp) {
@@ -145,12 +150,18 @@ func TestInspectNoSwitch(t *testing.T) {
 // the root. Everything is undone at cleanup.
 func pinnedSwitch(t *testing.T, name string, pool uint32) (*loader.Switch, string) {
 	t.Helper()
+	return pinnedSwitchConfig(t, name, loader.Config{PoolSize: pool})
+}
+
+// pinnedSwitchConfig is pinnedSwitch for a switch of any configuration.
+func pinnedSwitchConfig(t *testing.T, name string, cfg loader.Config) (*loader.Switch, string) {
+	t.Helper()
 	root := t.TempDir()
 	if err := loader.MountBPFFS(root); err != nil {
 		t.Fatalf("MountBPFFS: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
-	sw, err := loader.Load(loader.Config{PoolSize: pool})
+	sw, err := loader.Load(cfg)
 	bpftest.Check(t, "load switch", err)
 	t.Cleanup(func() {
 		if err := sw.Close(); err != nil {
@@ -192,6 +203,27 @@ type inspectJSON struct {
 		Job   uint32 `json:"job"`
 		State string `json:"state"`
 	} `json:"slots"`
+	RegArrays     *uint32           `json:"reg_arrays"`
+	RegSlots      *uint32           `json:"reg_slots"`
+	Sparse        []sparseStateJSON `json:"sparse"`
+	Recirculation []uint64          `json:"recirculation"`
+	RecircMean    *float64          `json:"recirculations_per_packet"`
+}
+
+// sparseStateJSON is one sparse job in `inspect --json`, decoded loosely.
+type sparseStateJSON struct {
+	Job       *uint32 `json:"job"`
+	RegArrays *int    `json:"reg_arrays"`
+	Records   []struct {
+		Iteration *uint32  `json:"iteration"`
+		Version   *uint32  `json:"hot_version"`
+		State     *string  `json:"state"`
+		FanIn     *uint8   `json:"fan_in"`
+		Announced []uint16 `json:"announced"`
+		Done      []uint16 `json:"done"`
+		Spilled   *uint16  `json:"spilled"`
+	} `json:"records"`
+	Filled []int `json:"filled"`
 }
 
 func TestInspectJSON(t *testing.T) {
@@ -233,6 +265,25 @@ func TestInspectJSON(t *testing.T) {
 	}
 	if _, ok := raw["slots"]; ok {
 		t.Error("slots listed without --slots")
+	}
+	// The sparse datapath: the default registers, no sparse job (an empty list, not null), an
+	// empty recirculation histogram of every pass count.
+	if in.RegArrays == nil || *in.RegArrays != 512 {
+		t.Errorf("reg_arrays = %v, want the default 512", in.RegArrays)
+	}
+	if in.RegSlots != nil {
+		t.Errorf("reg_slots = %d without --reg-slots, want absent", *in.RegSlots)
+	}
+	if s := string(raw["sparse"]); s != "[]" {
+		t.Errorf("sparse = %s, want []", s)
+	}
+	if len(in.Recirculation) != bpf.SparseMaxPasses+1 || in.RecircMean == nil || *in.RecircMean != 0 {
+		t.Errorf("recirculation = %v (mean %v), want %d zeros and mean 0", in.Recirculation, in.RecircMean, bpf.SparseMaxPasses+1)
+	}
+	for k, n := range in.Recirculation {
+		if n != 0 {
+			t.Errorf("fresh switch: %d packets took %d passes", n, k)
+		}
 	}
 }
 
@@ -313,7 +364,7 @@ func TestInspectShowsState(t *testing.T) {
 			row = strings.Join(f, " ")
 		}
 	}
-	if want := "3 10.200.9.2:9510 4 0x4 1 0 8"; row != want {
+	if want := "3 10.200.9.2:9510 4 0x4 1 0 8 -"; row != want {
 		t.Errorf("job 3 row %q, want %q:\n%s", row, want, text)
 	}
 }

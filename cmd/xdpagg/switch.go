@@ -10,12 +10,35 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/xdpagg/xdpagg/agent"
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/loader"
 )
 
+// regDefaults is the loader's default register configuration (--reg-arrays, --reg-slots).
+var regDefaults = loader.Config{}.WithDefaults()
+
+// regArrayBytes is the kernel memory of one register array: an 8-byte cell and a 4-byte hit
+// counter for each of the compiled bpf.RegSlots slots (3 KiB), whatever --reg-slots is.
+const regArrayBytes = uint64(unsafe.Sizeof(bpf.XdpaggRegArray{}))
+
 func runSwitch(args []string, _ io.Writer) error {
+	cfg, err := parseSwitch(args)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w: the switch needs root (CAP_BPF, CAP_NET_ADMIN)", errUsage)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return agent.Run(ctx, cfg)
+}
+
+// parseSwitch turns `xdpagg switch` flags into the agent's configuration, checked.
+func parseSwitch(args []string) (agent.Config, error) {
 	fs := flag.NewFlagSet("switch", flag.ContinueOnError)
 	var (
 		ifaces   = fs.String("iface", "", "comma-separated switch ports to attach (required), e.g. eth1,eth2")
@@ -35,24 +58,33 @@ func runSwitch(args []string, _ io.Writer) error {
 		perPort  = fs.Int("max-members-per-port", agent.DefaultMaxMembersPerPort, "most job members behind one switch port")
 		ctlRate  = fs.Uint("control-rate", 20000, "control messages per second each port may send to the agent (excess dropped in XDP)")
 		ctlBurst = fs.Uint("control-burst", 2000, "burst of control messages a port may send at once")
+		regArr   = fs.Uint("reg-arrays", uint(regDefaults.RegArrays), fmt.Sprintf("hot-parameter register arrays per iteration parity, shared by the sparse jobs (job add --reg-arrays m), 1..%d; kernel memory 2 x arrays x %d KiB (%d MiB at %d)",
+			loader.MaxRegArrays, regArrayBytes>>10, 2*uint64(regDefaults.RegArrays)*regArrayBytes>>20, regDefaults.RegArrays))
+		regSlots = fs.Uint("reg-slots", uint(regDefaults.RegSlots), fmt.Sprintf("slots per register array (r), 1..%d: a sparse job of m arrays holds m x r hot parameters; memory stays %d KiB an array whatever r is", bpf.RegSlots, regArrayBytes>>10))
 	)
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return agent.Config{}, err
 	}
 	if *ifaces == "" {
-		return fmt.Errorf("%w: --iface is required (the interfaces to run the switch on)", errUsage)
+		return agent.Config{}, fmt.Errorf("%w: --iface is required (the interfaces to run the switch on)", errUsage)
 	}
 	if *port == 0 || *port > 65535 {
-		return fmt.Errorf("%w: --port %d: use 1..65535", errUsage, *port)
+		return agent.Config{}, fmt.Errorf("%w: --port %d: use 1..65535", errUsage, *port)
 	}
 	if *pool == 0 || *pool > loader.MaxPoolSize {
-		return fmt.Errorf("%w: --pool %d: use 1..%d", errUsage, *pool, loader.MaxPoolSize)
+		return agent.Config{}, fmt.Errorf("%w: --pool %d: use 1..%d", errUsage, *pool, loader.MaxPoolSize)
 	}
 	if *ctlRate == 0 || *ctlBurst == 0 || *perPort <= 0 || *memTTL <= 0 {
-		return fmt.Errorf("%w: --control-rate, --control-burst, --max-members-per-port and --member-ttl must be positive", errUsage)
+		return agent.Config{}, fmt.Errorf("%w: --control-rate, --control-burst, --max-members-per-port and --member-ttl must be positive", errUsage)
+	}
+	if *regArr == 0 || *regArr > loader.MaxRegArrays {
+		return agent.Config{}, fmt.Errorf("%w: --reg-arrays %d: use 1..%d (kernel memory 2 x arrays x %d KiB)", errUsage, *regArr, loader.MaxRegArrays, regArrayBytes>>10)
+	}
+	if *regSlots == 0 || *regSlots > uint(bpf.RegSlots) {
+		return agent.Config{}, fmt.Errorf("%w: --reg-slots %d: use 1..%d", errUsage, *regSlots, bpf.RegSlots)
 	}
 	if *cacheAge <= 0 {
-		return fmt.Errorf("%w: --cache-age %v: use a positive duration, e.g. 10s", errUsage, *cacheAge)
+		return agent.Config{}, fmt.Errorf("%w: --cache-age %v: use a positive duration, e.g. 10s", errUsage, *cacheAge)
 	}
 	cfg := agent.Config{
 		NoRetransmitCache: *noCache,
@@ -62,18 +94,14 @@ func runSwitch(args []string, _ io.Writer) error {
 		PinRoot:           *pinRoot,
 		Switch: loader.Config{Port: uint16(*port), PoolSize: uint32(*pool), SlotTimeout: *timeout,
 			Generic: *generic, PortRate: *portMbps * 1_000_000 / 8, ECNThreshold: *ecnBytes,
-			ControlRate: uint32(min(*ctlRate, 1e9)), ControlBurst: uint32(min(*ctlBurst, 1e9))},
+			ControlRate: uint32(min(*ctlRate, 1e9)), ControlBurst: uint32(min(*ctlBurst, 1e9)),
+			RegArrays: uint32(*regArr), RegSlots: uint32(*regSlots)},
 		Control:     agent.ControlConfig{MemberTTL: *memTTL, MaxMembersPerPort: *perPort},
 		MetricsAddr: *metrics,
 		ReadyFile:   *ready,
 	}
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return agent.Config{}, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w: the switch needs root (CAP_BPF, CAP_NET_ADMIN)", errUsage)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return agent.Run(ctx, cfg)
+	return cfg, nil
 }
