@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -65,7 +66,13 @@ func (d *wireDiff) check(t *testing.T, payload []byte) {
 		d.seq++
 	}
 	h, _, perr := wire.ParsePacket(payload)
-	want := perr != nil || ((h.Type == wire.MsgData || h.Type == wire.MsgResult) && h.AggIndex >= poolSize)
+	dense := !wire.Sparse(h.Encoding) && h.Type != wire.MsgPull
+	want := perr != nil || ((h.Type == wire.MsgData || h.Type == wire.MsgResult) && dense && h.AggIndex >= poolSize)
+	// Job rule: the test jobs are dense, and a member's hot pairs for a dense job are malformed
+	// (only the switch knows which jobs have registers). The frames come from worker 0's
+	// address, so they pass the membership check when they name worker 0 with its bit.
+	member := h.WorkerId == 0 && h.Bitmap0 == 1 && slices.Contains(testJobs, h.JobId)
+	want = want || (perr == nil && member && h.Type == wire.MsgData && h.Encoding == wire.EncSparseKV)
 
 	f := dataFrame(1, 0, 0, 0, 1)
 	f.Payload = payload
@@ -113,6 +120,23 @@ func diffSeeds() [][]byte {
 		h := wire.Header{Version: wire.Version, Type: ty, JobId: 1}
 		out = append(out, mk(h, 9))
 	}
+	// Sparse: hot DATA, cold DATA, a cold RESULT (update) and a read-out, each with its sparse
+	// header (npkts 2 for DATA and RESULT, 0 for PULL) and pairs.
+	sp := func(ty, enc uint8, n, psize int, npkts uint16) []byte {
+		h := data
+		h.Type, h.Encoding, h.Count, h.AggIndex = ty, enc, uint16(n), 1
+		if ty == wire.MsgPull {
+			h.AggIndex = 64
+		}
+		b := wire.AppendHeader(nil, &h)
+		b = binary.LittleEndian.AppendUint32(b, 7)
+		b = binary.LittleEndian.AppendUint16(b, npkts)
+		b = binary.LittleEndian.AppendUint16(b, 0)
+		return append(b, make([]byte, n*psize)...)
+	}
+	out = append(out, sp(wire.MsgData, wire.EncSparseKV, 5, wire.KVPairSize, 2), sp(wire.MsgData, wire.EncSparseKV, 0, wire.KVPairSize, 2),
+		sp(wire.MsgData, wire.EncSparseCold, 3, wire.ColdPairSize, 2), sp(wire.MsgResult, wire.EncSparseCold, 4, wire.ColdPairSize, 2),
+		sp(wire.MsgPull, wire.EncSparseKV, 8, wire.KVPairSize, 0))
 	return out
 }
 
