@@ -32,11 +32,11 @@ import (
 	"time"
 
 	"github.com/xdpagg/xdpagg/bench/gloo"
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/testbed"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -73,7 +73,7 @@ type Options struct {
 	// Window overrides the xdpagg/ps workers' window (0: hostlib's default).
 	Window int
 	// MTU of every link of the topology (0: 1500). Every mode gets the same links; the UDP modes
-	// fill packets to it (bpf.ValuesForMTU).
+	// fill packets to it (wire.ValuesForMTU).
 	MTU int
 }
 
@@ -804,9 +804,9 @@ func (m *glooMode) close() error { return errors.Join(m.g.Close(), m.topo.Close(
 // valuesPerPacket is what the topology's MTU lets a UDP mode's packet carry.
 func valuesPerPacket(o Options) int {
 	if o.MTU == 0 {
-		return bpf.StdValues
+		return wire.StdValues
 	}
-	return bpf.ValuesForMTU(o.MTU)
+	return wire.ValuesForMTU(o.MTU)
 }
 
 // parallel runs fn for every worker at once and returns the wall time until the last finished.

@@ -100,7 +100,7 @@ type RingConfig struct {
 	// limits when the process has CAP_NET_ADMIN.
 	SocketBuffer int
 	// ValuesPerPacket is how many float32 one DATA packet carries: as many as the path MTU
-	// holds, bpf.ValuesForMTU(mtu). Default wire.StdValues (360, a 1500-byte MTU); at most
+	// holds, wire.ValuesForMTU(mtu). Default wire.StdValues (360, a 1500-byte MTU); at most
 	// wire.MaxValues. Every rank must use the same: it decides the packets.
 	ValuesPerPacket int
 }
@@ -156,7 +156,7 @@ func (c RingConfig) Validate() error {
 	case c.SocketBuffer < 0 || c.SocketBuffer > math.MaxInt32:
 		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
 	case c.ValuesPerPacket < 1 || c.ValuesPerPacket > wire.MaxValues:
-		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, wire.MaxValues)
+		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (wire.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, wire.MaxValues)
 	}
 	for i, p := range c.Peers {
 		if !p.Addr().Is4() || p.Addr().IsUnspecified() || p.Port() == 0 {

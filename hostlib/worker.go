@@ -70,7 +70,7 @@ type WorkerConfig struct {
 	// between 1 and Window.
 	NoCongestionControl bool
 	// ValuesPerPacket is K, the values one fragment carries: as many as the path MTU holds,
-	// bpf.ValuesForMTU(mtu). Default wire.StdValues (360, a 1500-byte MTU); at most wire.MaxValues
+	// wire.ValuesForMTU(mtu). Default wire.StdValues (360, a 1500-byte MTU); at most wire.MaxValues
 	// (832, MTU 3388). Every worker of a job must use the same K: it decides the fragments.
 	ValuesPerPacket int
 	// JobKey is the job's control key (ctlauth.KeySize bytes, from `xdpagg job add`; parse its
@@ -142,7 +142,7 @@ func (c WorkerConfig) Validate() error {
 	case c.MaxRetries < 1:
 		return fmt.Errorf("%w: MaxRetries %d: use at least 1", ErrConfig, c.MaxRetries)
 	case c.ValuesPerPacket < 1 || c.ValuesPerPacket > wire.MaxValues:
-		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (bpf.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, wire.MaxValues)
+		return fmt.Errorf("%w: ValuesPerPacket %d: use 1..%d (wire.ValuesForMTU(mtu) fills a packet)", ErrConfig, c.ValuesPerPacket, wire.MaxValues)
 	case c.SocketBuffer < 0 || c.SocketBuffer > math.MaxInt32:
 		return fmt.Errorf("%w: SocketBuffer %d: use 0..%d bytes", ErrConfig, c.SocketBuffer, math.MaxInt32)
 	case c.JobKey != nil && len(c.JobKey) != ctlauth.KeySize:

@@ -19,6 +19,7 @@ import (
 
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Sentinel errors; wrapped with details by the functions that return them.
@@ -31,10 +32,10 @@ var (
 
 // Limits of the compiled program, from bpf/xdpagg.h.
 const (
-	// MaxPoolSize bounds the slot array: each slot holds bpf.MaxValues values (3,360 bytes a
+	// MaxPoolSize bounds the slot array: each slot holds wire.MaxValues values (3,360 bytes a
 	// slot), so 128 Ki slots take about 420 MiB of kernel memory.
 	MaxPoolSize = 1 << 17
-	DefaultPort = bpf.DefaultPort
+	DefaultPort = wire.DefaultPort
 	// MaxRegArrays bounds the hot-parameter register arrays (3 KiB each, twice): 48 MiB.
 	MaxRegArrays = 8192
 )

@@ -62,8 +62,8 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 		return v, fmt.Errorf("%w: PS %v: need an IPv4 address and a port", ErrBadJob, j.PS)
 	case j.PSIfindex == 0:
 		return v, fmt.Errorf("%w: no switch port for the PS", ErrBadJob)
-	case j.Workers == 0 || int(j.Workers) > bpf.MaxWorkers:
-		return v, fmt.Errorf("%w: %d workers: use 1..%d", ErrBadJob, j.Workers, bpf.MaxWorkers)
+	case j.Workers == 0 || int(j.Workers) > wire.MaxWorkers:
+		return v, fmt.Errorf("%w: %d workers: use 1..%d", ErrBadJob, j.Workers, wire.MaxWorkers)
 	case j.MaxSlots == 0:
 		return v, fmt.Errorf("%w: slot quota 0", ErrBadJob)
 	case uint32(j.RegArrays) > bpf.JobMaxArrays:
@@ -180,7 +180,7 @@ func (m *Maps) joined() (map[uint32]uint32, error) {
 	)
 	it := m.Workers.Iterate()
 	for it.Next(&k, &v) {
-		if k.WorkerId < uint32(bpf.MaxWorkers) {
+		if k.WorkerId < uint32(wire.MaxWorkers) {
 			out[k.JobId] |= 1 << k.WorkerId
 		}
 	}
@@ -299,8 +299,8 @@ func (mb Member) encode() (bpf.XdpaggMemberKey, bpf.XdpaggMember, error) {
 	if len(mb.MAC) != 6 || len(mb.PortMAC) != 6 {
 		return k, v, fmt.Errorf("%w: MACs %v / %v must be 6 bytes", ErrBadMember, mb.MAC, mb.PortMAC)
 	}
-	if int(mb.WorkerID) >= bpf.MaxWorkers {
-		return k, v, fmt.Errorf("%w: worker id %d: use 0..%d", ErrBadMember, mb.WorkerID, bpf.MaxWorkers-1)
+	if int(mb.WorkerID) >= wire.MaxWorkers {
+		return k, v, fmt.Errorf("%w: worker id %d: use 0..%d", ErrBadMember, mb.WorkerID, wire.MaxWorkers-1)
 	}
 	copy(v.DstMac[:], mb.MAC)
 	copy(v.SrcMac[:], mb.PortMAC)
@@ -379,8 +379,8 @@ func (m *Maps) Worker(job uint32, id uint8) (Contributor, error) {
 // PutWorker lets worker id of job contribute from addr through switch port ifindex (the
 // ingress half of PutMember, for senders that take no results there, and for tests).
 func (m *Maps) PutWorker(job uint32, id uint8, addr netip.AddrPort, ifindex uint32) error {
-	if job == 0 || int(id) >= bpf.MaxWorkers || !addr.Addr().Is4() {
-		return fmt.Errorf("%w: job %d worker %d at %v: need job > 0, worker 0..%d, IPv4", ErrBadMember, job, id, addr, bpf.MaxWorkers-1)
+	if job == 0 || int(id) >= wire.MaxWorkers || !addr.Addr().Is4() {
+		return fmt.Errorf("%w: job %d worker %d at %v: need job > 0, worker 0..%d, IPv4", ErrBadMember, job, id, addr, wire.MaxWorkers-1)
 	}
 	k := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(id)}
 	v := bpf.XdpaggWorker{Ip: wire.IPv4ToMap(addr.Addr()), Ifindex: ifindex, Port: wire.PortToMap(addr.Port())}

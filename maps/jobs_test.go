@@ -17,6 +17,7 @@ import (
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // testKey is a job key made of one repeated byte (tests tell keys apart by it).
@@ -365,7 +366,7 @@ func TestRemoveJob(t *testing.T) {
 	if len(ms) != 1 || ms[0].JobID != 8 {
 		t.Errorf("members after RemoveJob(7) = %+v, want job 8's only", ms)
 	}
-	for id := range uint8(bpf.MaxWorkers) {
+	for id := range uint8(wire.MaxWorkers) {
 		if _, err := m.Worker(7, id); !errors.Is(err, ebpf.ErrKeyNotExist) {
 			t.Errorf("worker %d of the removed job still bound: %v", id, err)
 		}
@@ -408,7 +409,7 @@ func TestRemoveJob(t *testing.T) {
 // dataFrame is an Ethernet/IPv4/UDP frame with worker id w's DATA for <job, seq> at slot idx
 // (one value), from src to the switch's port.
 func dataFrame(job, seq, idx uint32, w, fan uint8, src netip.AddrPort) []byte {
-	h := bpf.XdpaggHdr{Version: bpf.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_DATA),
+	h := bpf.XdpaggHdr{Version: wire.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_DATA),
 		Encoding: uint8(bpf.XdpaggEncodingENC_FIXED32), ScaleLog2: 24, Count: 1,
 		JobId: job, Seq: seq, AggIndex: idx, Bitmap0: 1 << w, FanIn0: fan, WorkerId: w}
 	payload, err := binary.Append(nil, binary.LittleEndian, &h)
@@ -417,7 +418,7 @@ func dataFrame(job, seq, idx uint32, w, fan uint8, src netip.AddrPort) []byte {
 	}
 	payload = binary.LittleEndian.AppendUint32(payload, 1)
 	udp := binary.BigEndian.AppendUint16(nil, src.Port())
-	udp = binary.BigEndian.AppendUint16(udp, bpf.DefaultPort)
+	udp = binary.BigEndian.AppendUint16(udp, wire.DefaultPort)
 	udp = binary.BigEndian.AppendUint16(udp, uint16(8+len(payload)))
 	udp = append(udp, 0, 0) // no checksum
 	udp = append(udp, payload...)

@@ -410,3 +410,9 @@ func checkLevel(h *Header) error {
 	}
 	return nil
 }
+
+// ValuesForMTU is how many values fill one packet at an IPv4 MTU: (MTU - 20 IPv4 - 8 UDP - 32
+// header) / 4, capped at MaxValues.
+func ValuesForMTU(mtu int) int {
+	return max(0, min(MaxValues, (mtu-20-8-HdrSize)/4))
+}

@@ -137,3 +137,11 @@ func TestConstantsMatchGenerated(t *testing.T) {
 		}
 	}
 }
+
+func TestValuesForMTUMatchesBPF(t *testing.T) {
+	for _, mtu := range []int{0, 60, 68, 576, 1500, 3388, 9000} {
+		if ValuesForMTU(mtu) != bpf.ValuesForMTU(mtu) {
+			t.Errorf("ValuesForMTU(%d) = %d, bpf says %d", mtu, ValuesForMTU(mtu), bpf.ValuesForMTU(mtu))
+		}
+	}
+}

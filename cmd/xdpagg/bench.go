@@ -17,7 +17,7 @@ import (
 
 	"github.com/xdpagg/xdpagg/bench"
 	"github.com/xdpagg/xdpagg/bench/capacity"
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // benchOutput is what --json prints and bench.json holds.
@@ -131,7 +131,7 @@ func runBench(args []string, stdout io.Writer) error {
 		// The packets the topology's MTU carries: the switch's work per packet scales with it.
 		copts := capacity.Options{}
 		if *mtu > 0 {
-			copts.Values = bpf.ValuesForMTU(*mtu)
+			copts.Values = wire.ValuesForMTU(*mtu)
 		}
 		c, err := capacity.Measure(ctx, copts)
 		if opts.Progress != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/netns_tests/testbed"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // resnet18Params is the parameter count of ResNet-18: the demo's default tensor, a realistic
@@ -63,8 +64,8 @@ func runDemo(args []string, stdout io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *workers < 1 || *workers > bpf.MaxWorkers {
-		return fmt.Errorf("%w: --workers %d: use 1..%d", errUsage, *workers, bpf.MaxWorkers)
+	if *workers < 1 || *workers > wire.MaxWorkers {
+		return fmt.Errorf("%w: --workers %d: use 1..%d", errUsage, *workers, wire.MaxWorkers)
 	}
 	if *values < 1 {
 		return fmt.Errorf("%w: --values %d: use at least 1", errUsage, *values)

@@ -12,12 +12,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // WorkerPort is the UDP port every worker of the first (or only) job binds, each in its own
@@ -122,8 +122,8 @@ func normalize(opts Options) (Options, []JobSpec, error) {
 			return opts, nil, fmt.Errorf("testbed: job %d: id 0 is reserved", j)
 		case ids[js.ID]:
 			return opts, nil, fmt.Errorf("testbed: job id %d given twice", js.ID)
-		case len(js.Hosts) == 0 || len(js.Hosts) > bpf.MaxWorkers:
-			return opts, nil, fmt.Errorf("testbed: job %d has %d hosts: use 1..%d", js.ID, len(js.Hosts), bpf.MaxWorkers)
+		case len(js.Hosts) == 0 || len(js.Hosts) > wire.MaxWorkers:
+			return opts, nil, fmt.Errorf("testbed: job %d has %d hosts: use 1..%d", js.ID, len(js.Hosts), wire.MaxWorkers)
 		case j > 0xffff-WorkerPort:
 			return opts, nil, fmt.Errorf("testbed: %d jobs: no UDP port left for job %d", len(opts.Jobs), js.ID)
 		}
@@ -297,9 +297,9 @@ func New(opts Options) (b *Bed, err error) {
 // ValuesPerPacket is what the topology's MTU lets a fragment carry (K).
 func (b *Bed) ValuesPerPacket() int {
 	if b.Opts.MTU == 0 {
-		return bpf.StdValues
+		return wire.StdValues
 	}
-	return bpf.ValuesForMTU(b.Opts.MTU)
+	return wire.ValuesForMTU(b.Opts.MTU)
 }
 
 // AllReduce runs one allreduce on every worker at once; inputs[i] is worker i's tensor, summed in
