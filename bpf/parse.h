@@ -143,7 +143,8 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt *p)
 		return PARSE_OK;
 	}
 	/* Sparse: a sparse header, then pairs. Hot pairs travel in DATA (workers) and MSG_PULL (the
-	 * PS's read-out), cold pairs in DATA (to the PS) and RESULTs (the PS's update). */
+	 * PS's read-out), cold pairs in DATA (to the PS) and RESULTs (the PS's update), hot sums by
+	 * rank in RESULTs. */
 	__u32 psize, pmax;
 	if (enc == ENC_SPARSE_KV && type != MSG_RESULT) {
 		psize = sizeof(struct kv_pair);
@@ -151,6 +152,9 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt *p)
 	} else if (enc == ENC_SPARSE_COLD && type != MSG_PULL) {
 		psize = sizeof(struct cold_pair);
 		pmax = XAGG_COLD_MAX_PAIRS;
+	} else if (enc == ENC_SPARSE_HOT && type == MSG_RESULT) {
+		psize = 4;
+		pmax = XAGG_HOT_MAX_VALUES;
 	} else {
 		return PARSE_MALFORMED;
 	}

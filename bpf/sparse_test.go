@@ -77,6 +77,18 @@ func coldFrame(job, iter uint32, w, fan uint8, keys ...uint64) frame {
 	return f
 }
 
+// hotSumsFrame is an update packet of hot sums (ENC_SPARSE_HOT) from the PS, as type ty.
+func hotSumsFrame(job, iter uint32, ty uint8) frame {
+	f := resultFrame(job, iter, 0, 2)
+	h := wire.Header{Version: wire.Version, Type: ty, Encoding: wire.EncSparseHot, Count: 3, JobId: job, Seq: iter,
+		Bitmap0: 3, FanIn0: 2, Bitmap1: 10}
+	b := make([]byte, wire.HdrSize+wire.SparseHdrSize+4*3)
+	wire.EncodeHeader(b, &h)
+	wire.EncodeSparseHeader(b[wire.HdrSize:], &wire.SparseHeader{HotVersion: 1, Npkts: 2})
+	f.Payload = b
+	return f
+}
+
 // sparseOut is a sparse packet the switch sent, taken apart.
 type sparseOut struct {
 	h     wire.Header
@@ -511,6 +523,10 @@ func TestSparseRefused(t *testing.T) {
 		{"pull beyond M", pullFrame(A, 1, sparseArrays*sparseSlots-1, 2), xdpDrop, malformed},
 		{"pull of a dense job", pullFrame(sparseDense, 1, 0, 1), xdpDrop, malformed},
 		{"cold pairs go on to the PS", coldFrame(A, 1, 0, 2, 1, 2, 3), xdpPass, cnt{maps.CntRx: 1, maps.CntToPS: 1}},
+		{"an update's hot sums from the PS are broadcast", hotSumsFrame(A, 1, wire.MsgResult), xdpRedirect, cnt{maps.CntRx: 1, maps.CntPSResult: 1}},
+		{"hot sums as DATA", hotSumsFrame(A, 1, wire.MsgData), xdpDrop, malformed},
+		{"an update's hot sums not from the PS", hotSumsFrame(A, 1, wire.MsgResult).with(func(f *frame) { f.SrcPort++ }), xdpDrop,
+			cnt{maps.CntRx: 1, maps.CntNotMember: 1}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -570,7 +570,7 @@ static __always_inline int handle_result(struct xdp_md *ctx, struct counters *ct
 		count(ctr, CNT_NOT_MEMBER);
 		return XDP_DROP;
 	}
-	if (h->encoding == ENC_SPARSE_COLD) {
+	if (h->encoding == ENC_SPARSE_COLD || h->encoding == ENC_SPARSE_HOT) {
 		/* A sparse update: no slot is involved. */
 		count(ctr, CNT_PS_RESULT);
 		return broadcast(ctr);

@@ -52,6 +52,13 @@ _Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0 && XAGG_CHUNK % 2 == 0, "XAGG_C
 /* Cold <key, value> pairs (12 bytes each) one packet may carry: 276 at MTU 3388, 119 at 1500. */
 #define XAGG_COLD_MAX_PAIRS 276
 #define XAGG_COLD_STD_PAIRS 119
+/* Hot sums one update packet (ENC_SPARSE_HOT) may carry: (3360 - 32 - 8) / 4 at MTU 3388, 358
+ * at 1500. */
+#define XAGG_HOT_MAX_VALUES 830
+#define XAGG_HOT_STD_VALUES 358
+/* A rank of an ENC_SPARSE_HOT update that no worker touched (or whose sum is in the update's cold
+ * pairs): a NaN no fixed-point sum can produce. */
+#define XAGG_HOT_UNTOUCHED 0xffffffffu
 /* Hot packets one worker may send the switch for one iteration: one bit each in the dedup record. */
 #define XAGG_SPARSE_MAX_PKTS 256
 /* Passes of the pipeline one packet may take: the first and up to MAX_PASSES - 1 recirculations
@@ -87,6 +94,8 @@ enum limit {
 	LIMIT_REG_SLOTS = XAGG_REG_SLOTS,
 	LIMIT_JOB_MAX_ARRAYS = XAGG_JOB_MAX_ARRAYS,
 	LIMIT_SPARSE_HDR_SIZE = 8, /* sizeof(struct sparse_hdr) */
+	LIMIT_HOT_MAX_VALUES = XAGG_HOT_MAX_VALUES,
+	LIMIT_HOT_STD_VALUES = XAGG_HOT_STD_VALUES,
 };
 
 /* Message types (hdr.type). */
@@ -108,6 +117,8 @@ enum encoding {
 	ENC_FLOAT32 = 1, /* IEEE-754 binary32; summed at the PS (overflow repair); in-switch sums reserved */
 	ENC_SPARSE_KV = 2,   /* hot pairs: struct sparse_hdr, then count struct kv_pair (rank, int32 fixed point) */
 	ENC_SPARSE_COLD = 3, /* cold pairs: struct sparse_hdr, then count struct cold_pair (key, float32) */
+	ENC_SPARSE_HOT = 4,  /* hot sums in an update RESULT: struct sparse_hdr, then count float32 for
+			      * ranks bitmap1, bitmap1 + 1, ... (XAGG_HOT_UNTOUCHED: not in it) */
 };
 
 /* Header flags (hdr.flags), a bit set. */

@@ -110,6 +110,7 @@ const (
 	XdpaggEncodingENC_FLOAT32     XdpaggEncoding = 1
 	XdpaggEncodingENC_SPARSE_KV   XdpaggEncoding = 2
 	XdpaggEncodingENC_SPARSE_COLD XdpaggEncoding = 3
+	XdpaggEncodingENC_SPARSE_HOT  XdpaggEncoding = 4
 )
 
 type XdpaggFlag uint32
@@ -208,6 +209,8 @@ const (
 	XdpaggLimitLIMIT_REG_SLOTS         XdpaggLimit = 256
 	XdpaggLimitLIMIT_JOB_MAX_ARRAYS    XdpaggLimit = 256
 	XdpaggLimitLIMIT_SPARSE_HDR_SIZE   XdpaggLimit = 8
+	XdpaggLimitLIMIT_HOT_MAX_VALUES    XdpaggLimit = 830
+	XdpaggLimitLIMIT_HOT_STD_VALUES    XdpaggLimit = 358
 )
 
 type XdpaggMember struct {

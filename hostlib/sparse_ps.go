@@ -1,8 +1,8 @@
 package hostlib
 
 import (
-	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -503,11 +503,16 @@ func (p *SparsePS) complete(j *spJob, it *spIter) {
 			touched[k] += uint64(a.n)
 		}
 	}
-	// The update, as (key, float32 bits). Hot keys come from the read-out by rank: a slice, no
-	// hashing; a hot key's sum S·2^-s is one float64 product (|S| < 2^53 is exact) rounded to
-	// float32 once, unless the key also has cold values, whose exact sum takes it in.
-	out := make([]updatePair, 0, len(it.cold)+j.lastHot)
-	if hs := j.hot(it); hs != nil && !it.overflow {
+	// The update: the hot keys' sums by rank (ENC_SPARSE_HOT, 4 bytes a key: workers know the
+	// hot set), then the cold keys' as (key, float32) pairs. A hot key's sum S·2^-s is one float64
+	// product (|S| < 2^53 is exact) rounded to float32 once, unless the key also has cold values:
+	// their exact sum takes it in and it goes out with the cold keys.
+	flags := uint16(0)
+	var hotVals []uint32 // by rank; wire.HotUntouched where not in the hot part
+	if it.overflow {
+		flags = wire.FlagOverflow
+		p.st.overflows.Add(1)
+	} else if hs := j.hot(it); hs != nil {
 		parity := it.iter & 1
 		hot := make([]int64, hs.Len())
 		moved := make([]bool, hs.Len())
@@ -543,44 +548,54 @@ func (p *SparsePS) complete(j *spJob, it *spIter) {
 				}
 			}
 		}
+		hotVals = make([]uint32, hs.Len())
 		for r, ok := range moved {
+			hotVals[r] = wire.HotUntouched
 			if !ok {
 				continue
 			}
-			k := hs.Key(uint32(r))
-			if a := it.cold[k]; a != nil {
+			if a := it.cold[hs.Key(uint32(r))]; a != nil {
 				addFixed(&a.sum, &a.sp, hot[r], scale)
 				continue // goes out with the cold keys
 			}
-			out = append(out, updatePair{k, math.Float32bits(float32(float64(hot[r]) * invPow2[scale]))})
+			hotVals[r] = math.Float32bits(float32(float64(hot[r]) * invPow2[scale]))
 		}
-		j.lastHot = len(out)
 	}
-	for k, a := range it.cold {
-		out = append(out, updatePair{k, math.Float32bits(a.sum.float32(a.sp))})
+	var cold []updatePair
+	if !it.overflow {
+		cold = make([]updatePair, 0, len(it.cold))
+		for k, a := range it.cold {
+			cold = append(cold, updatePair{k, math.Float32bits(a.sum.float32(a.sp))})
+		}
 	}
-	slices.SortFunc(out, func(a, b updatePair) int { return cmp.Compare(a.key, b.key) })
-	keys := out
-	per := coldPairs(p.cfg.MTU)
-	n := max(1, (len(keys)+per-1)/per)
-	flags := uint16(0)
-	if it.overflow {
-		flags = wire.FlagOverflow
-		keys = nil
-		n = 1
-		p.st.overflows.Add(1)
-	}
-	for i := range n {
-		chunk := keys[min(i*per, len(keys)):min((i+1)*per, len(keys))]
-		b := make([]byte, wire.HdrSize+wire.SparseHdrSize+wire.ColdPairSize*len(chunk))
-		h := wire.Header{Version: wire.Version, Type: wire.MsgResult, Encoding: wire.EncSparseCold, Flags: flags,
-			Count: uint16(len(chunk)), JobId: j.cfg.ID, Seq: it.iter, AggIndex: uint32(i),
+	perHot, perCold := hotValues(p.cfg.MTU), coldPairs(p.cfg.MTU)
+	nHot := (len(hotVals) + perHot - 1) / perHot
+	nCold := max(1, (len(cold)+perCold-1)/perCold) // at least one packet: the update exists
+	n := nHot + nCold
+	mk := func(enc uint8, index, first uint32, count, psize int) []byte {
+		b := make([]byte, wire.HdrSize+wire.SparseHdrSize+psize*count)
+		h := wire.Header{Version: wire.Version, Type: wire.MsgResult, Encoding: enc, Flags: flags,
+			Count: uint16(count), JobId: j.cfg.ID, Seq: it.iter, AggIndex: index, Bitmap1: first,
 			Bitmap0: uint32(1)<<len(j.cfg.Workers) - 1, FanIn0: uint8(len(j.cfg.Workers))}
 		if len(j.cfg.Workers) == 32 {
 			h.Bitmap0 = math.MaxUint32
 		}
 		wire.EncodeHeader(b, &h)
 		wire.EncodeSparseHeader(b[wire.HdrSize:], &wire.SparseHeader{HotVersion: it.version, Npkts: uint16(n)})
+		return b
+	}
+	for i := range nHot {
+		chunk := hotVals[i*perHot : min((i+1)*perHot, len(hotVals))]
+		b := mk(wire.EncSparseHot, uint32(i), uint32(i*perHot), len(chunk), 4)
+		vals := b[wire.HdrSize+wire.SparseHdrSize:]
+		for x, v := range chunk {
+			binary.LittleEndian.PutUint32(vals[4*x:], v)
+		}
+		it.update = append(it.update, b)
+	}
+	for i := range nCold {
+		chunk := cold[min(i*perCold, len(cold)):min((i+1)*perCold, len(cold))]
+		b := mk(wire.EncSparseCold, uint32(nHot+i), 0, len(chunk), wire.ColdPairSize)
 		pairs := b[wire.HdrSize+wire.SparseHdrSize:]
 		for x, u := range chunk {
 			wire.PutCold(pairs, x, u.key, u.bits)

@@ -108,8 +108,13 @@ func coldPairs(mtu int) int {
 	return min(wire.ColdMaxPairs, (mtu-28-wire.HdrSize-wire.SparseHdrSize)/wire.ColdPairSize)
 }
 
-// Update is the aggregated update of one iteration: every key any worker touched, ascending, and
-// its sum over the workers.
+// hotValues is the hot sums one ENC_SPARSE_HOT update packet carries at an MTU.
+func hotValues(mtu int) int {
+	return min(wire.HotMaxValues, (mtu-28-wire.HdrSize-wire.SparseHdrSize)/4)
+}
+
+// Update is the aggregated update of one iteration: every key any worker touched and its sum over
+// the workers, in no particular order (hot keys by rank, then the cold ones), each key once.
 type Update struct {
 	Iteration uint32
 	Keys      []uint64
@@ -242,9 +247,18 @@ func (w *SparseWorker) Join(ctx context.Context, sw netip.AddrPort, mac net.Hard
 	}
 }
 
-// sparseIter is one iteration's packets, kept for resends until its update is in.
+// sparseIter is one iteration's packets, kept for resends until its update is in, and the hot
+// set they used (which maps the update's ranks back to keys).
 type sparseIter struct {
 	pkts [][]byte
+	hot  *sparse.HotSet
+}
+
+// updatePkt is one packet of an update: hot sums from rank first on, or cold pairs.
+type updatePkt struct {
+	enc   uint8
+	first uint32
+	data  []byte
 }
 
 // Step pushes this worker's gradients of iteration iter (keys distinct; vals[i] is keys[i]'s
@@ -267,7 +281,7 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 		}
 	}
 	var (
-		got     map[uint32][]byte // update packets by index
+		got     map[uint32]updatePkt // update packets by index
 		npkts   = -1
 		rto     = w.cfg.Timeout
 		retries int
@@ -310,7 +324,7 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 		}
 		b := w.rbuf[:n]
 		h, rest, err := wire.ParsePacket(b)
-		if err != nil || h.Type != wire.MsgResult || h.Encoding != wire.EncSparseCold || h.JobId != w.cfg.JobID {
+		if err != nil || h.Type != wire.MsgResult || (h.Encoding != wire.EncSparseCold && h.Encoding != wire.EncSparseHot) || h.JobId != w.cfg.JobID {
 			w.st.foreign.Add(1)
 			continue
 		}
@@ -324,10 +338,10 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 		var sh wire.SparseHeader
 		wire.DecodeSparseHeader(rest, &sh)
 		if got == nil {
-			got = make(map[uint32][]byte, sh.Npkts)
+			got = make(map[uint32]updatePkt, sh.Npkts)
 			npkts = int(sh.Npkts)
 		}
-		if int(sh.Npkts) != npkts {
+		if int(sh.Npkts) != npkts || (h.Encoding == wire.EncSparseHot && (it.hot == nil || sh.HotVersion != it.hot.Version)) {
 			w.st.stale.Add(1)
 			continue
 		}
@@ -335,16 +349,40 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 			w.st.stale.Add(1)
 			continue
 		}
-		got[h.AggIndex] = slices.Clone(rest[wire.SparseHdrSize : wire.SparseHdrSize+wire.ColdPairSize*int(h.Count)])
+		psize := wire.ColdPairSize
+		if h.Encoding == wire.EncSparseHot {
+			psize = 4
+		}
+		got[h.AggIndex] = updatePkt{enc: h.Encoding, first: h.Bitmap1,
+			data: slices.Clone(rest[wire.SparseHdrSize : wire.SparseHdrSize+psize*int(h.Count)])}
 		if len(got) == npkts {
 			break
 		}
 	}
+	// Hot sums by rank first (keys from the iteration's hot set), then the cold pairs.
 	up := Update{Iteration: iter}
 	for i := range uint32(npkts) {
-		pairs := got[i]
-		for j := range len(pairs) / wire.ColdPairSize {
-			k, v := wire.Cold(pairs, j)
+		p := got[i]
+		if p.enc != wire.EncSparseHot {
+			continue
+		}
+		for j := range len(p.data) / 4 {
+			v := binary.LittleEndian.Uint32(p.data[4*j:])
+			r := p.first + uint32(j)
+			if v == wire.HotUntouched || int(r) >= it.hot.Len() {
+				continue
+			}
+			up.Keys = append(up.Keys, it.hot.Key(r))
+			up.Vals = append(up.Vals, math.Float32frombits(v))
+		}
+	}
+	for i := range uint32(npkts) {
+		p := got[i]
+		if p.enc != wire.EncSparseCold {
+			continue
+		}
+		for j := range len(p.data) / wire.ColdPairSize {
+			k, v := wire.Cold(p.data, j)
 			up.Keys = append(up.Keys, k)
 			up.Vals = append(up.Vals, math.Float32frombits(v))
 		}
@@ -385,7 +423,7 @@ func (w *SparseWorker) build(iter uint32, keys []uint64, vals []float32) (*spars
 		}
 		cold = append(cold, i)
 	}
-	it := &sparseIter{}
+	it := &sparseIter{hot: w.cfg.Hot}
 	version := uint32(0)
 	if w.cfg.Hot != nil {
 		version = w.cfg.Hot.Version

@@ -5,6 +5,7 @@ package netns_tests
 // PS, and every worker's update is checked key by key against the exact sums.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -59,6 +60,17 @@ func expectUpdates(t *testing.T, iter uint32, keys [][]uint64, vals [][]float32,
 	}
 	slices.Sort(want)
 	for w, up := range ups {
+		// An update comes in no particular order: sort it by key.
+		idx := make([]int, len(up.Keys))
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(up.Keys[a], up.Keys[b]) })
+		keys, vals := make([]uint64, len(idx)), make([]float32, len(idx))
+		for i, x := range idx {
+			keys[i], vals[i] = up.Keys[x], up.Vals[x]
+		}
+		up.Keys, up.Vals = keys, vals
 		if up.Iteration != iter || !slices.Equal(up.Keys, want) {
 			t.Fatalf("worker %d iteration %d: update of %d keys, want %d (iteration %d)", w, iter, len(up.Keys), len(want), up.Iteration)
 		}

@@ -46,6 +46,11 @@ const (
 	SparseStdPairs = 179
 	ColdMaxPairs   = 276
 	ColdStdPairs   = 119
+	// HotMaxValues and HotStdValues are the most hot sums an ENC_SPARSE_HOT update packet may
+	// carry (MTU 3388) and what fills a 1500-byte MTU; HotUntouched marks a rank not in it.
+	HotMaxValues = 830
+	HotStdValues = 358
+	HotUntouched = uint32(0xffffffff)
 	// SparseMaxPkts is the most hot packets one worker may send the switch for one iteration.
 	SparseMaxPkts = 256
 	// SparseMaxPasses bounds the passes (1 + recirculations) of a hot packet in the switch.
@@ -73,6 +78,7 @@ const (
 	EncFloat32    = uint8(1)
 	EncSparseKV   = uint8(2) // hot pairs: DATA (worker -> switch) and MSG_PULL
 	EncSparseCold = uint8(3) // cold pairs: DATA (worker -> PS) and RESULT (the PS's update)
+	EncSparseHot  = uint8(4) // hot sums by rank: RESULT (the PS's update)
 )
 
 // Header flags (enum flag), typed as Header.Flags.
@@ -236,11 +242,11 @@ func KnownType(t uint8) bool {
 }
 
 // KnownEncoding reports whether e is an encoding DATA, RESULT or PULL may carry.
-func KnownEncoding(e uint8) bool { return e <= EncSparseCold }
+func KnownEncoding(e uint8) bool { return e <= EncSparseHot }
 
 // Sparse reports whether e is one of the sparse encodings, whose payload starts with a
 // SparseHeader.
-func Sparse(e uint8) bool { return e == EncSparseKV || e == EncSparseCold }
+func Sparse(e uint8) bool { return e == EncSparseKV || e == EncSparseCold || e == EncSparseHot }
 
 // SparseHeader is struct sparse_hdr: what sparse packets carry after the header.
 type SparseHeader struct {
@@ -361,6 +367,8 @@ func ParsePacket(b []byte) (h Header, values []byte, err error) {
 	switch {
 	case h.Encoding == EncSparseCold && h.Type != MsgPull:
 		psize, pmax = ColdPairSize, ColdMaxPairs
+	case h.Encoding == EncSparseHot && h.Type == MsgResult:
+		psize, pmax = 4, HotMaxValues
 	case h.Encoding == EncSparseKV && h.Type != MsgResult:
 	default:
 		return h, nil, ErrEncoding

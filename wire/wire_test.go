@@ -226,8 +226,9 @@ func TestParsePacketRejects(t *testing.T) {
 		{"ENC_SPARSE_KV with a dense length", func(h *Header, b []byte) []byte { h.Encoding = EncSparseKV; return b }, ErrLength},
 		{"ENC_SPARSE_KV result", func(h *Header, b []byte) []byte { h.Type, h.Encoding = MsgResult, EncSparseKV; return b }, ErrEncoding},
 		{"ENC_SPARSE_COLD with a dense length", func(h *Header, b []byte) []byte { h.Encoding = EncSparseCold; return b }, ErrLength},
-		{"encoding 4", func(h *Header, b []byte) []byte { h.Encoding = 4; return b }, ErrEncoding},
-		{"encoding before job id", func(h *Header, b []byte) []byte { h.Encoding, h.JobId = 4, 0; return b }, ErrEncoding},
+		{"hot sums in DATA", func(h *Header, b []byte) []byte { h.Encoding = EncSparseHot; return b }, ErrEncoding},
+		{"encoding 5", func(h *Header, b []byte) []byte { h.Encoding = 5; return b }, ErrEncoding},
+		{"encoding before job id", func(h *Header, b []byte) []byte { h.Encoding, h.JobId = 5, 0; return b }, ErrEncoding},
 		{"job 0", func(h *Header, b []byte) []byte { h.JobId = 0; return b }, ErrJob},
 		{"RESULT job 0", func(h *Header, b []byte) []byte { h.Type, h.JobId = MsgResult, 0; return b }, ErrJob},
 		{"fan-in 0", func(h *Header, b []byte) []byte { h.FanIn0 = 0; return b }, ErrFanIn},
@@ -265,8 +266,8 @@ func TestKnown(t *testing.T) {
 		}
 	}
 	for e := range 256 {
-		if KnownEncoding(uint8(e)) != (e <= 3) {
-			t.Errorf("KnownEncoding(%d) = %v", e, !(e <= 3))
+		if KnownEncoding(uint8(e)) != (e <= 4) {
+			t.Errorf("KnownEncoding(%d) = %v", e, !(e <= 4))
 		}
 	}
 }
@@ -349,8 +350,11 @@ func FuzzParsePacket(f *testing.F) {
 		}
 		if Sparse(h.Encoding) && (h.Type == MsgData || h.Type == MsgResult || h.Type == MsgPull) {
 			psize := KVPairSize
-			if h.Encoding == EncSparseCold {
+			switch h.Encoding {
+			case EncSparseCold:
 				psize = ColdPairSize
+			case EncSparseHot:
+				psize = 4
 			}
 			if len(vals) != SparseHdrSize+psize*int(h.Count) || h.JobId == 0 {
 				t.Fatalf("accepted sparse %+v with %d bytes", h, len(vals))
@@ -383,8 +387,11 @@ func FuzzParsePacket(f *testing.F) {
 // worker 1 of 2.
 func sparseData(enc, ty uint8, n int, npkts uint16, index uint32) []byte {
 	psize := KVPairSize
-	if enc == EncSparseCold {
+	switch enc {
+	case EncSparseCold:
 		psize = ColdPairSize
+	case EncSparseHot:
+		psize = 4
 	}
 	h := Header{Version: Version, Type: ty, Encoding: enc, Count: uint16(n), JobId: 5, AggIndex: index,
 		Bitmap0: 2, FanIn0: 2, WorkerId: 1}
@@ -409,6 +416,9 @@ func TestParseSparse(t *testing.T) {
 		{"cold RESULT", sparseData(EncSparseCold, MsgResult, 1, 9, 8), nil},
 		{"hot RESULT", sparseData(EncSparseKV, MsgResult, 1, 1, 0), ErrEncoding},
 		{"PULL", sparseData(EncSparseKV, MsgPull, 4, 0, 100), nil},
+		{"hot sums RESULT", sparseData(EncSparseHot, MsgResult, HotMaxValues, 3, 2), nil},
+		{"too many hot sums", sparseData(EncSparseHot, MsgResult, HotMaxValues+1, 3, 2), ErrSparseCount},
+		{"hot sums DATA", sparseData(EncSparseHot, MsgData, 3, 1, 0), ErrEncoding},
 		{"PULL of nothing", sparseData(EncSparseKV, MsgPull, 0, 0, 0), ErrSparseCount},
 		{"PULL with npkts", sparseData(EncSparseKV, MsgPull, 1, 1, 0), ErrNpkts},
 		{"cold PULL", sparseData(EncSparseCold, MsgPull, 1, 0, 0), ErrEncoding},
