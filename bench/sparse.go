@@ -28,8 +28,8 @@ import (
 type SparseOptions struct {
 	Trace      string  // recorded trace (workload.RecordedNames), default "ctr_w8"
 	Workers    []int   // default 2, 4, 8
-	Iterations int     // iterations per round (default 40)
-	Rounds     int     // rounds per system and W; the best round counts (default 3)
+	Iterations int     // iterations per round (default 60)
+	Rounds     int     // rounds per system and W; the best round counts (default 5)
 	Arrays     int     // register arrays of the sparse job (default 256)
 	Sample     float64 // offline identification's sampling rate (default 0.08)
 	P          float64 // Principle 1's p (default 0.9)
@@ -45,10 +45,10 @@ func (o SparseOptions) withDefaults() SparseOptions {
 		o.Workers = []int{2, 4, 8}
 	}
 	if o.Iterations == 0 {
-		o.Iterations = 40
+		o.Iterations = 60
 	}
 	if o.Rounds == 0 {
-		o.Rounds = 3
+		o.Rounds = 5
 	}
 	if o.Arrays == 0 {
 		o.Arrays = int(bpf.JobMaxArrays)

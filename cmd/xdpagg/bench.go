@@ -48,7 +48,7 @@ func runBench(args []string, stdout io.Writer) error {
 		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
 
 		sparseMode = fs.Bool("sparse", false, "run the sparse benchmark instead (Zebra Figs. 6, 9, 10 on a recorded trace; --workers applies)")
-		sparseIter = fs.Int("sparse-iterations", 40, "--sparse: iterations of the trace per round")
+		sparseIter = fs.Int("sparse-iterations", 60, "--sparse: iterations of the trace per round")
 		sparseTr   = fs.String("trace", "ctr_w8", "--sparse: the recorded trace")
 	)
 	if err := parseFlags(fs, args); err != nil {
