@@ -196,7 +196,7 @@ func TestSparseLossAndDuplication(t *testing.T) {
 	t.Logf("resends %d; switch duplicates %d; PS %+v", resends, c[mapsCnt("duplicate")], b.SparsePS.Stats())
 }
 
-// TestSparseSharing: two sparse jobs (one with a hot set, one all-cold) and the dense job share
+// TestSparseSharing: two sparse jobs (each with its own register arrays and hot set) and the dense job share
 // the switch, at the same time.
 func TestSparseSharing(t *testing.T) {
 	b := newSparseBed(t, 4,
