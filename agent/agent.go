@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
@@ -185,9 +186,18 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	dir := PinDir(root, cfg.Name)
+	// A pin directory left behind is a switch whose agent died (or is being upgraded): its XDP
+	// programs still run on their pinned links, and its maps hold the jobs in flight. Take it
+	// over instead of starting empty. Two live agents of one name are kept apart by the lock.
+	adopt := false
 	if _, err := os.Stat(dir); err == nil {
-		return fmt.Errorf("%w: %s exists: is switch %q already running? (stop it, or remove the directory if it crashed)", ErrConfig, dir, cfg.Name)
+		adopt = true
 	}
+	unlock, err := lockSwitch(root, cfg.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 
 	links := make([]netlink.Link, 0, len(cfg.Interfaces))
 	for _, name := range cfg.Interfaces {
@@ -204,8 +214,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	defer restoreForwarding()
 
-	sw, err := loader.Load(cfg.Switch)
-	if err != nil {
+	var sw *loader.Switch
+	if adopt {
+		sw, err = loader.Adopt(cfg.Switch, dir)
+		if err != nil {
+			return fmt.Errorf("take over the switch pinned at %s (to start afresh instead, remove that directory): %w", dir, err)
+		}
+		log.Info("took over the running switch left pinned", "pin_dir", dir)
+	} else if sw, err = loader.Load(cfg.Switch); err != nil {
 		return fmt.Errorf("load switch: %w", err) // callers print with %+v for the verifier log
 	}
 	defer func() {
@@ -214,8 +230,27 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		log.Info("switch detached and unpinned", "name", cfg.Name)
 	}()
-	if err := sw.Pin(dir); err != nil {
-		return err
+	if !adopt {
+		if err := sw.Pin(dir); err != nil {
+			return err
+		}
+	} else {
+		// Ports the previous run had and this one does not take are detached.
+		pinned, err := loader.PinnedPorts(dir)
+		if err != nil {
+			return err
+		}
+		for _, ifindex := range pinned {
+			keep := false
+			for _, l := range links {
+				keep = keep || l.Attrs().Index == ifindex
+			}
+			if !keep {
+				if err := sw.DropPinnedPort(ifindex); err != nil {
+					log.Error("detach a port of the previous run", "ifindex", ifindex, "err", err)
+				}
+			}
+		}
 	}
 	ports := map[int]net.HardwareAddr{}
 	for _, l := range links {
@@ -306,4 +341,29 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	return nil
+}
+
+// LockDir holds the agents' locks (bpffs, where the pins are, takes no regular files).
+const LockDir = "/run/xdpagg"
+
+// lockSwitch takes the lock of the switch pinned at root/name (an flock on a file in LockDir), so
+// that two agents of one switch never run at once, whether the first left its pins behind or is
+// still alive. The lock goes with the process, even when it is killed.
+func lockSwitch(root, name string) (func(), error) {
+	if err := os.MkdirAll(LockDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", LockDir, err)
+	}
+	p := filepath.Join(LockDir, strings.ReplaceAll(strings.Trim(filepath.Join(root, name), "/"), "/", "_")+".lock")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open the switch's lock %s: %w", p, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: switch %q is already running (lock %s)", ErrConfig, name, p)
+		}
+		return nil, fmt.Errorf("lock the switch %s: %w", p, err)
+	}
+	return func() { f.Close() }, nil
 }

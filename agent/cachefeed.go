@@ -55,7 +55,9 @@ func publishCacheStats(ctx context.Context, dir string, c *ResultCache, interval
 	if err != nil {
 		return nil, fmt.Errorf("create %s map: %w", CacheStatsMap, err)
 	}
-	if err := m.Pin(filepath.Join(dir, "maps", CacheStatsMap)); err != nil {
+	pin := filepath.Join(dir, "maps", CacheStatsMap)
+	_ = os.Remove(pin) // left by a run that was killed: this run's statistics replace it
+	if err := m.Pin(pin); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("pin %s map: %w", CacheStatsMap, err)
 	}

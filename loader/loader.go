@@ -133,6 +133,8 @@ type Switch struct {
 	Maps    *maps.Maps
 	links   map[int]link.Link // by ifindex
 	pinDir  string
+	// adopting: made by Adopt; ports take over their pinned links.
+	adopting bool
 }
 
 // Spec returns the compiled collection spec with cfg applied (constants set, pool sized).
@@ -200,8 +202,104 @@ func Load(cfg Config) (*Switch, error) {
 	return s, nil
 }
 
+// ErrIncompatible: the pinned switch a restart would adopt does not fit the configuration (a
+// different pool size, register count or map layout).
+var ErrIncompatible = errors.New("pinned switch state does not fit this configuration")
+
+// Adopt loads the switch programs over the state a switch pinned under dir (Pin) and left behind
+// (an agent that was killed, or is being upgraded): every pinned map is reused as it is, with
+// the slots, registers, jobs, keys, members and counters in it, and AttachPort moves each port
+// whose link is still pinned there to the new program in one step (the XDP link's program is
+// replaced, so no packet finds the port without a program). Maps that were not pinned (scratch,
+// the retransmit-cache ring, the phantom queues) start empty. The configuration must match what
+// the pinned maps were made with (pool size, register arrays): ErrIncompatible otherwise.
+func Adopt(cfg Config, dir string) (*Switch, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := CheckBPFFS(filepath.Dir(filepath.Clean(dir))); err != nil {
+		return nil, err
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+	spec, err := Spec(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range maps.PinnedMaps {
+		spec.Maps[name].Pinning = ebpf.PinByName
+	}
+	s := &Switch{Config: cfg, links: map[int]link.Link{}}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: filepath.Join(dir, "maps")}}
+	if err := spec.LoadAndAssign(&s.Objects, opts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("%w: %w", ErrIncompatible, err)
+		}
+		return nil, fmt.Errorf("load switch programs over %s: %w", dir, err)
+	}
+	s.Maps = maps.New(&s.Objects)
+	s.pinDir = dir
+	s.adopting = true
+	// The garbage collector: the new program replaces the old one's pin.
+	gcPin := filepath.Join(dir, maps.PinnedGC)
+	if err := os.MkdirAll(filepath.Dir(gcPin), 0o700); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("create pin directory: %w", err)
+	}
+	if err := os.Remove(gcPin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.Close()
+		return nil, fmt.Errorf("replace the garbage collector's pin: %w", err)
+	}
+	if err := s.Objects.XdpaggGc.Pin(gcPin); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pin garbage collector: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("create pin directory: %w", err)
+	}
+	return s, nil
+}
+
+// PinnedPorts lists the ifindexes whose XDP links are pinned under dir (a switch's pin directory).
+func PinnedPorts(dir string) ([]int, error) {
+	ents, err := os.ReadDir(filepath.Join(dir, "links"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pinned links: %w", err)
+	}
+	var out []int
+	for _, e := range ents {
+		var i int
+		if _, err := fmt.Sscan(e.Name(), &i); err == nil && i > 0 {
+			out = append(out, i)
+		}
+	}
+	return out, nil
+}
+
+// DropPinnedPort detaches a port a previous run of the switch left attached (its link pinned
+// under the pin directory) that this run does not take: its pin goes, and with it the program.
+func (s *Switch) DropPinnedPort(ifindex int) error {
+	if s.pinDir == "" {
+		return nil
+	}
+	l, err := link.LoadPinnedLink(s.linkPin(ifindex), nil)
+	if err != nil {
+		_ = os.Remove(s.linkPin(ifindex)) // a link whose interface went away
+		return nil
+	}
+	_ = s.Objects.Ports.Delete(uint32(ifindex))
+	return errors.Join(l.Unpin(), l.Close())
+}
+
 // AttachPort attaches the switch program to a port (an ifindex in the calling thread's network
-// namespace) and adds it to the broadcast set that results go out of.
+// namespace) and adds it to the broadcast set that results go out of. On a switch made by Adopt,
+// a port whose link is still pinned keeps its link, which now runs the new program.
 func (s *Switch) AttachPort(ifindex int) error {
 	if _, ok := s.links[ifindex]; ok {
 		return fmt.Errorf("%w: ifindex %d", ErrAttached, ifindex)
@@ -210,9 +308,23 @@ func (s *Switch) AttachPort(ifindex int) error {
 	if s.Config.Generic {
 		flags = link.XDPGenericMode
 	}
-	l, err := link.AttachXDP(link.XDPOptions{Program: s.Objects.XdpaggSwitch, Interface: ifindex, Flags: flags})
-	if err != nil {
-		return fmt.Errorf("attach XDP to ifindex %d: %w", ifindex, err)
+	var l link.Link
+	adopted := false
+	if s.adopting && s.pinDir != "" {
+		if old, err := link.LoadPinnedLink(s.linkPin(ifindex), nil); err == nil {
+			if err := old.Update(s.Objects.XdpaggSwitch); err != nil {
+				old.Close()
+				return fmt.Errorf("move ifindex %d to the new program: %w", ifindex, err)
+			}
+			l, adopted = old, true
+		}
+	}
+	if l == nil {
+		var err error
+		l, err = link.AttachXDP(link.XDPOptions{Program: s.Objects.XdpaggSwitch, Interface: ifindex, Flags: flags})
+		if err != nil {
+			return fmt.Errorf("attach XDP to ifindex %d: %w", ifindex, err)
+		}
 	}
 	val := bpf.XdpaggBpfDevmapVal{Ifindex: uint32(ifindex)}
 	val.BpfProg.Fd = int32(s.Objects.XdpaggEgress.FD())
@@ -221,7 +333,7 @@ func (s *Switch) AttachPort(ifindex int) error {
 		return fmt.Errorf("add ifindex %d to the broadcast ports: %w", ifindex, err)
 	}
 	s.links[ifindex] = l
-	if s.pinDir != "" {
+	if s.pinDir != "" && !adopted {
 		if err := l.Pin(s.linkPin(ifindex)); err != nil {
 			return fmt.Errorf("pin link of ifindex %d: %w", ifindex, err)
 		}

@@ -576,3 +576,50 @@ func TestPinnedLinks(t *testing.T) {
 }
 
 func skipIfUnsupported(t *testing.T, what string, err error) { t.Helper(); bpftest.Check(t, what, err) }
+
+// TestAdopt: a switch whose process died leaves its maps pinned; Adopt loads new programs over
+// them, keeping what they hold (here an admitted job and a counter), and refuses a configuration
+// the pinned maps were not made with.
+func TestAdopt(t *testing.T) {
+	root := bpffsDir(t)
+	dir := filepath.Join(root, "sw")
+	cfg := loader.Config{PoolSize: 16, RegArrays: 8}
+	old, err := loader.Load(cfg)
+	skipIfUnsupported(t, "load switch", err)
+	if err := old.Pin(dir); err != nil {
+		old.Close()
+		t.Fatalf("Pin: %v", err)
+	}
+	job := maps.Job{JobID: 9, PS: netip.MustParseAddrPort("10.0.0.1:9510"), PSIfindex: 1, Workers: 2, MaxSlots: 4, RegArrays: 4}
+	key := make([]byte, maps.KeySize)
+	if err := old.Maps.AddJob(job, key); err != nil {
+		old.Close()
+		t.Fatalf("AddJob: %v", err)
+	}
+	// The process "dies": its file descriptors close, its pins stay.
+	if err := old.Objects.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := loader.Adopt(loader.Config{PoolSize: 32, RegArrays: 8}, dir); !errors.Is(err, loader.ErrIncompatible) {
+		t.Fatalf("Adopt with another pool size: %v, want ErrIncompatible", err)
+	}
+	sw, err := loader.Adopt(cfg, dir)
+	if err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	t.Cleanup(func() { sw.Close() })
+	got, err := sw.Maps.GetJob(9)
+	if err != nil || got.RegArrays != 4 || got.Workers != 2 {
+		t.Fatalf("the adopted switch lost the job: %+v, %v", got, err)
+	}
+	if _, err := sw.Maps.Sparse(9); err != nil {
+		t.Fatalf("the adopted switch lost the sparse job's records: %v", err)
+	}
+	if err := sw.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Close the pin directory is still there: %v", err)
+	}
+}

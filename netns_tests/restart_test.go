@@ -1,0 +1,66 @@
+package netns_tests
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
+)
+
+// TestAgentRestartKeepsJobs: the switch agent is SIGKILLed in the middle of a job's allreduces
+// and started again over the pins it left. Meanwhile the XDP programs keep running on their
+// pinned links with the pinned maps; the new agent adopts them (the ports' links move to its
+// programs in one step) instead of refusing the directory. Every allreduce, before, during and
+// after, is exact, the workers' control messages reach the new agent, and once the job is idle
+// its slots drain (the new agent's garbage collector frees them): none leaked.
+func TestAgentRestartKeepsJobs(t *testing.T) {
+	a := newAgentEnv(t, 3, 64, "--slot-timeout", "1s")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	jobs := a.startJobs(ctx, t, jobSpec{id: 51, hosts: []*topo.Host{a.tp.Workers[0], a.tp.Workers[1], a.tp.Workers[2]}})
+	j := jobs[0]
+	reduceExact(ctx, t, j, 3, 20_000, 1)
+	before := a.counters(t)
+
+	var wg sync.WaitGroup
+	wg.Go(func() { reduceExact(ctx, t, j, 40, 50_000, 100) })
+	time.Sleep(150 * time.Millisecond)
+	if err := a.sw.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a.sw.exited
+	killed := time.Now()
+	time.Sleep(200 * time.Millisecond) // the job runs on, with no agent
+	a.sw = startSwitch(t, a.bin, a.pinRoot, a.tp, "--pool", "64", "--slot-timeout", "1s")
+	t.Logf("agent restarted %v after the kill", time.Since(killed).Round(time.Millisecond))
+	if !strings.Contains(a.sw.stderr.String(), "took over the running switch") {
+		t.Errorf("the new agent did not take over the pinned switch:\n%s", a.sw.stderr.String())
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.Fatalf("the job failed across the restart\n%s", a.sw.stderr.String())
+	}
+	// After the restart the job goes on through the new agent too.
+	reduceExact(ctx, t, j, 3, 20_000, 200)
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		in := inspect(t, a.bin, a.pinRoot)
+		if in.InUse == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d slots still in use long after the job went idle: leaked", in.InUse)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c := a.counters(t)
+	if c["completed"] <= before["completed"] {
+		t.Errorf("counters restarted from zero (completed %d, %d before the kill): the maps were not kept", c["completed"], before["completed"])
+	}
+	t.Logf("after the restart: completed %d, to_ps %d, shadow_tx %d, control %d", c["completed"], c["to_ps"], c["shadow_tx"], c["control"])
+}
