@@ -237,6 +237,8 @@ func msgName(t uint8) string {
 		return "RETRANSMIT"
 	case bpf.XdpaggMsgTypeMSG_ACK:
 		return "ACK"
+	case bpf.XdpaggMsgTypeMSG_RESET:
+		return "RESET"
 	}
 	return fmt.Sprintf("type %d", t)
 }
@@ -246,7 +248,7 @@ func bodySize(t bpf.XdpaggMsgType) (int, bool) {
 	switch t {
 	case bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE:
 		return binary.Size(bpf.XdpaggJoinBody{}), true
-	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT:
+	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_RESET:
 		return 0, true
 	}
 	return 0, false
@@ -346,8 +348,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if bound && !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
 		}
-	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
-		// Only the worker id's binding may ask for (or acknowledge) its job's results.
+	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET:
+		// Only the worker id's binding may ask for (or acknowledge) its job's results, or reset
+		// its job (members are trusted with their job's state, and only with it).
 		if !bound || !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
@@ -379,6 +382,14 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			c.mu.Unlock()
 			c.log.Info("worker left", "job", h.JobId, "worker", h.WorkerId, "addr", from)
 		}
+	case bpf.XdpaggMsgTypeMSG_RESET:
+		c.touch(ref, now)
+		freed, err := c.maps.ResetJob(h.JobId)
+		if err != nil {
+			return err
+		}
+		// The retransmit cache keeps the job's completed sums: they are still right.
+		c.log.Info("job reset", "job", h.JobId, "by_worker", h.WorkerId, "slots_freed", freed)
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
 		c.touch(ref, now)
 		if typ == bpf.XdpaggMsgTypeMSG_ACK {

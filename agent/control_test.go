@@ -35,6 +35,7 @@ const (
 	msgLeave    = wire.MsgLeave
 	msgAck      = wire.MsgAck
 	msgRtx      = wire.MsgRetransmit
+	msgReset    = wire.MsgReset
 	failsafeFor = time.Second // read deadline that only keeps a broken test from hanging
 )
 
@@ -1133,4 +1134,48 @@ func TestForgetRemovedDropsCache(t *testing.T) {
 	if len(c.lastSeen) != 0 || len(c.keys) != 0 {
 		t.Errorf("forgetRemoved kept lastSeen %v, keys of jobs %d", c.lastSeen, len(c.keys))
 	}
+}
+
+// TestHandleReset: a bound worker's authenticated RESET frees its job's slots (and nothing of
+// another job's) and is acknowledged; anyone else's RESET is refused and changes nothing.
+func TestHandleReset(t *testing.T) {
+	ct := newCtlTest(t)
+	c, m := ct.c, ct.sw.Maps
+	w, other := newWorker(t), newWorkerAt(t, "127.0.0.2")
+	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 1, 0), joinBody(workerMAC, resultIP)), testPort, w.addr)
+	w.readAck(t, ct.key)
+
+	// Slots held by both jobs: a half-filled one each.
+	hold := func(idx, job uint32) {
+		var s bpf.XdpaggSlot
+		s.JobId, s.Seq, s.State, s.FanIn, s.Nvals, s.Bitmap = job, 7, uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), 2, 1, 1
+		if err := m.Slots.Update(&idx, &s, ebpf.UpdateExist); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hold(3, testJob)
+	hold(4, otherJob)
+	reset := sealed(t, ct.key, hdr(msgReset, testJob, 2, 0), nil)
+
+	// Not from the binding: refused, nothing freed.
+	wantRefused(t, c.handle(sealed(t, ct.key, hdr(msgReset, testJob, 3, 0), nil), testPort, other.addr), RejectNotMember, "RESET")
+	if s, _ := m.Slot(3); s.State == uint8(bpf.XdpaggSlotStateSLOT_FREE) {
+		t.Fatal("a refused RESET freed a slot")
+	}
+	// Under another job's key: unauthenticated.
+	wantRefused(t, c.handle(sealed(t, ct.otherKey, hdr(msgReset, testJob, 4, 0), nil), testPort, w.addr), RejectUnauth, "RESET")
+
+	accept(t, c, reset, testPort, w.addr)
+	a, _ := w.readAck(t, ct.key)
+	if a.Type != msgAck || a.Seq != 2 {
+		t.Errorf("RESET answered with %+v, want an ACK of seq 2", a)
+	}
+	if s, _ := m.Slot(3); s.State != uint8(bpf.XdpaggSlotStateSLOT_FREE) {
+		t.Errorf("the job's slot after RESET: state %d, want free", s.State)
+	}
+	if s, _ := m.Slot(4); s.State != uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING) {
+		t.Errorf("another job's slot after RESET: state %d, want still aggregating", s.State)
+	}
+	// A replay of the accepted RESET is refused.
+	wantRefused(t, c.handle(reset, testPort, w.addr), RejectReplay, "RESET")
 }

@@ -669,6 +669,7 @@ int xdpagg_switch(struct xdp_md *ctx)
 		return handle_pull(ctx, ctr, &p);
 	case MSG_JOIN:
 	case MSG_LEAVE:
+	case MSG_RESET:
 	case MSG_ACK:
 	case MSG_RETRANSMIT:
 		if (!ctl_admit(ctx)) {
@@ -678,7 +679,7 @@ int xdpagg_switch(struct xdp_md *ctx)
 		count(ctr, CNT_CONTROL);
 		return XDP_PASS; /* the agent's socket on the switch takes control messages */
 	default:
-		/* MSG_RESET and MSG_HEARTBEAT are reserved (no agent handles them yet), and any
+		/* MSG_HEARTBEAT is reserved (no agent handles it yet), and any
 		 * other type is unknown: both are malformed. */
 		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;

@@ -104,7 +104,7 @@ enum msg_type {
 	MSG_RESULT = 2,  /* switch/PS -> workers: the complete sum of a fragment (ATP's parameter/ACK packet) */
 	MSG_JOIN = 3,    /* control: worker asks to join a job (iSwitch Join) */
 	MSG_LEAVE = 4,   /* control: worker leaves a job (iSwitch Leave) */
-	MSG_RESET = 5,   /* reserved (iSwitch Reset): dropped as malformed today */
+	MSG_RESET = 5,   /* control: a member asks the agent to clear its job's slots, registers and records (iSwitch Reset) */
 	MSG_ACK = 6,     /* control: acknowledgement of a control message or of a result (retransmit cache) */
 	MSG_RETRANSMIT = 7, /* control: worker asks the switch CPU for a cached result */
 	MSG_HEARTBEAT = 8,  /* reserved (controller liveness, Libra failover): dropped as malformed today */

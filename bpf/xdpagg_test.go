@@ -181,9 +181,9 @@ func TestSwitchMalformed(t *testing.T) {
 		{"ENC_SPARSE_KV data", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV })},
 		{"ENC_SPARSE_KV data with F_RESEND", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV; h.Flags = fResend })},
 		{"ENC_SPARSE_KV result", resultFrame(1, 1, 0, 2, 5, 6).with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV }))},
-		{"MSG_RESET (reserved)", hdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_RESET) })},
 		{"MSG_HEARTBEAT (reserved)", hdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT) })},
-		{"MSG_RESET without values", base.with(func(f *frame) { f.Hdr.Type = uint8(bpf.XdpaggMsgTypeMSG_RESET); f.Hdr.Count = 0; f.Vals = nil })},
+		{"MSG_HEARTBEAT (reserved)", hdr(func(h *bpf.XdpaggHdr) { h.Type = uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT) })},
+		{"MSG_HEARTBEAT without values", base.with(func(f *frame) { f.Hdr.Type = uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT); f.Hdr.Count = 0; f.Vals = nil })},
 		{"MSG_HEARTBEAT without values", base.with(func(f *frame) { f.Hdr.Type = uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT); f.Hdr.Count = 0; f.Vals = nil })},
 		// Bytes after the IPv4 total length: an xdpagg frame is longer than Ethernet's minimum,
 		// so it never carries link padding.
@@ -227,11 +227,11 @@ func expectDropped(t *testing.T, s *sw, cases []namedFrame, verdict maps.Counter
 // ---- 13. control messages ----
 
 // Control messages (JOIN, LEAVE, ACK, RETRANSMIT) within their port's budget go up to the agent
-// untouched; MSG_RESET and MSG_HEARTBEAT are reserved and dropped as malformed.
+// untouched; MSG_HEARTBEAT is reserved and dropped as malformed.
 func TestSwitchControl(t *testing.T) {
 	s := load(t, 0)
 	for typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN); typ <= uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT); typ++ {
-		reserved := typ == uint8(bpf.XdpaggMsgTypeMSG_RESET) || typ == uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT)
+		reserved := typ == uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT)
 		for _, body := range [][]int32{nil, {7, 8}} {
 			in := controlFrame(typ, body...)
 			t.Run(fmt.Sprintf("type %d with %d values", typ, len(body)), func(t *testing.T) {

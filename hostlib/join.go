@@ -30,6 +30,14 @@ func (w *Worker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAd
 	return w.control(ctx, wire.MsgJoin, sw, mac)
 }
 
+// Reset asks the switch's agent to clear what the switch holds of this worker's job: its
+// aggregator slots and, for a sparse job, its registers and iteration records (iSwitch's Reset).
+// Only a joined worker may, from its binding; authenticated like Join. Sums in flight then
+// complete through resends at the PS; nothing of another job is touched.
+func (w *Worker) Reset(ctx context.Context, sw netip.AddrPort) error {
+	return w.control(ctx, wire.MsgReset, sw, nil)
+}
+
 // Leave removes this worker from the switch's members of its job, authenticated like Join.
 func (w *Worker) Leave(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
 	return w.control(ctx, wire.MsgLeave, sw, mac)
@@ -40,7 +48,7 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 		return fmt.Errorf("%w: JobKey has %d bytes: control messages need the job's %d-byte key (`xdpagg job add` prints it)",
 			ErrConfig, len(w.cfg.JobKey), ctlauth.KeySize)
 	}
-	if len(mac) != 6 {
+	if len(mac) != 6 && typ != wire.MsgReset {
 		return fmt.Errorf("%w: MAC %v: need a 6-byte Ethernet address", ErrConfig, mac)
 	}
 	sw = netip.AddrPortFrom(sw.Addr().Unmap(), sw.Port())
@@ -54,9 +62,11 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 	copy(body.Mac[:], mac)
 	msg := make([]byte, wire.HdrSize, wire.HdrSize+12+ctlauth.TrailerSize)
 	wire.EncodeHeader(msg, &h)
-	msg, err := binary.Append(msg, binary.LittleEndian, &body)
-	if err != nil {
-		return fmt.Errorf("encode control body: %w", err)
+	var err error
+	if typ != wire.MsgReset { // JOIN and LEAVE carry the body; RESET has none
+		if msg, err = binary.Append(msg, binary.LittleEndian, &body); err != nil {
+			return fmt.Errorf("encode control body: %w", err)
+		}
 	}
 	pkt := make([]byte, 0, len(msg)+ctlauth.TrailerSize)
 
@@ -95,7 +105,7 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 			case <-w.kick:
 				w.mu.Lock()
 				got := w.ackGot
-				if got {
+				if got && typ != wire.MsgReset {
 					// From now on, results this worker misses are asked of the switch agent's
 					// retransmit cache first, and its answers accepted; LEAVE turns that off.
 					w.ctrl, w.ctrlSet = sw, typ == wire.MsgJoin

@@ -170,3 +170,24 @@ func RecirculationsPerPacket(h []uint64) float64 {
 	}
 	return float64(r) / float64(n)
 }
+
+// ResetJob clears what the switch holds of a job without ending it (iSwitch's Reset): it frees
+// the job's aggregator slots, and for a sparse job zeroes its register arrays and iteration
+// records. Its admission, key and members stay. Returns the slots freed. Contributions that were
+// in the freed state are gone: their workers' resends bring them to the PS.
+func (m *Maps) ResetJob(id uint32) (int, error) {
+	j, err := m.GetJob(id)
+	if err != nil {
+		return 0, err
+	}
+	freed, err := m.collect(id)
+	if err != nil {
+		return freed, err
+	}
+	if j.RegArrays > 0 && m.Registers != nil {
+		if err := m.initSparse(j); err != nil {
+			return freed, err
+		}
+	}
+	return freed, nil
+}

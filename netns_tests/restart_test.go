@@ -2,12 +2,14 @@ package netns_tests
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
 )
 
@@ -63,4 +65,36 @@ func TestAgentRestartKeepsJobs(t *testing.T) {
 		t.Errorf("counters restarted from zero (completed %d, %d before the kill): the maps were not kept", c["completed"], before["completed"])
 	}
 	t.Logf("after the restart: completed %d, to_ps %d, shadow_tx %d, control %d", c["completed"], c["to_ps"], c["shadow_tx"], c["control"])
+}
+
+// TestResetMidJob: a worker sends iSwitch's Reset (authenticated, from its binding) while its
+// job's allreduces run: the agent frees the job's slots under them. Sums in flight lose what the
+// switch held and complete through resends at the PS; every allreduce stays exact.
+func TestResetMidJob(t *testing.T) {
+	a := newAgentEnv(t, 3, 64)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j := a.startJobs(ctx, t, jobSpec{id: 52, hosts: []*topo.Host{a.tp.Workers[0], a.tp.Workers[1], a.tp.Workers[2]}})[0]
+	before := a.counters(t)
+	var wg sync.WaitGroup
+	wg.Go(func() { reduceExact(ctx, t, j, 30, 50_000, 7) })
+	resets := 0
+	for i := range 3 {
+		time.Sleep(time.Duration(50+40*i) * time.Millisecond)
+		h := j.hosts[0]
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		err := j.workers[0].Reset(rctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort))
+		rcancel()
+		if err != nil {
+			t.Fatalf("reset %d: %v\n%s", i, err, a.sw.stderr.String())
+		}
+		resets++
+	}
+	wg.Wait()
+	c := a.counters(t)
+	if !strings.Contains(a.sw.stderr.String(), "job reset") {
+		t.Errorf("the agent logged no reset:\n%s", a.sw.stderr.String())
+	}
+	t.Logf("reset: %d resets mid-job, every allreduce exact; to_ps +%d, flushed +%d, reclaimed +%d", resets,
+		c["to_ps"]-before["to_ps"], c["flushed"]-before["flushed"], c["reclaimed"]-before["reclaimed"])
 }

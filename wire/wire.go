@@ -65,7 +65,7 @@ const (
 	MsgResult     = uint8(2)
 	MsgJoin       = uint8(3)
 	MsgLeave      = uint8(4)
-	MsgReset      = uint8(5) // reserved: malformed
+	MsgReset      = uint8(5)
 	MsgAck        = uint8(6)
 	MsgRetransmit = uint8(7)
 	MsgHeartbeat  = uint8(8) // reserved: malformed
@@ -231,11 +231,11 @@ var (
 )
 
 // KnownType reports whether t is a message type the switch acts on: DATA, RESULT and PULL, which
-// it handles, and JOIN, LEAVE, ACK and RETRANSMIT, which it passes to its agent. MSG_RESET and
-// MSG_HEARTBEAT are reserved, and they and every other value are malformed.
+// it handles, and JOIN, LEAVE, RESET, ACK and RETRANSMIT, which it passes to its agent.
+// MSG_HEARTBEAT is reserved, and it and every other value are malformed.
 func KnownType(t uint8) bool {
 	switch t {
-	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgAck, MsgRetransmit, MsgPull:
+	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgPull:
 		return true
 	}
 	return false

@@ -205,7 +205,6 @@ func TestParsePacketRejects(t *testing.T) {
 		{"reserved", func(h *Header, b []byte) []byte { h.Reserved = 1; return b }, ErrReserved},
 		{"reserved on a control message", func(h *Header, b []byte) []byte { h.Type, h.Reserved = MsgJoin, 0x80; return b }, ErrReserved},
 		{"type 0", func(h *Header, b []byte) []byte { h.Type = 0; return b }, ErrType},
-		{"MSG_RESET (reserved)", func(h *Header, b []byte) []byte { h.Type = MsgReset; return b }, ErrType},
 		{"MSG_HEARTBEAT (reserved)", func(h *Header, b []byte) []byte { h.Type = MsgHeartbeat; return b }, ErrType},
 		{"MSG_HEARTBEAT without values", func(h *Header, b []byte) []byte { h.Type, h.Count = MsgHeartbeat, 0; return b[:HdrSize] }, ErrType},
 		{"type 10", func(h *Header, b []byte) []byte { h.Type = 10; return b }, ErrType},
@@ -260,7 +259,7 @@ func TestParsePacketRejects(t *testing.T) {
 
 func TestKnown(t *testing.T) {
 	for ty := range 256 {
-		want := ty >= 1 && ty <= 7 && ty != 5 || ty == 9
+		want := ty >= 1 && ty <= 7 || ty == 9
 		if KnownType(uint8(ty)) != want {
 			t.Errorf("KnownType(%d) = %v", ty, !want)
 		}
