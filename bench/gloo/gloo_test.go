@@ -44,7 +44,24 @@ func newTopo(tb testing.TB, workers int) *topo.Topology {
 	return tp
 }
 
-// processesRunning returns the PIDs of live processes whose command line mentions s.
+// childOfUs reports whether process pid (a /proc entry name) was started by this test process:
+// ranks are `ip netns exec` children, which exec the interpreter in place.
+func childOfUs(pid string) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ppid ...: comm may hold spaces, so parse after its closing parenthesis.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	return len(f) > 1 && f[1] == strconv.Itoa(os.Getpid())
+}
+
+// processesRunning returns the PIDs of live processes this test started whose command line
+// mentions s.
 func processesRunning(tb testing.TB, s string) []int {
 	tb.Helper()
 	entries, err := os.ReadDir("/proc")
@@ -58,9 +75,10 @@ func processesRunning(tb testing.TB, s string) []int {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(b, []byte(s)) {
-			out = append(out, pid)
+		if err != nil || !bytes.Contains(b, []byte(s)) || !childOfUs(e.Name()) {
+			continue // another test binary (go test runs packages in parallel) has its own ranks
 		}
+		out = append(out, pid)
 	}
 	return out
 }
@@ -105,6 +123,10 @@ func TestGlooAllReduce(t *testing.T) {
 		if !strings.HasPrefix(string(comm), "python") {
 			t.Errorf("rank %d pid %d is %q, want python", i, pid, comm)
 		}
+	}
+	// The leftover checks below see exactly these ranks while they live.
+	if running := processesRunning(t, script); len(running) != 2 {
+		t.Errorf("processesRunning sees %v, want the two ranks %v", running, pids)
 	}
 
 	for _, n := range []int{1000, 1 << 20} {
