@@ -84,6 +84,7 @@ type ControlServer struct {
 
 	mu       sync.Mutex
 	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
+	halted   map[uint32]haltNotice   // jobs halted lately
 	keys     map[uint32]string       // job -> the key its last authentic message opened under (admission)
 
 	replySrc net.IP // destination of the message being handled (Serve's goroutine only); nil: kernel's choice
@@ -122,7 +123,7 @@ func ListenControl(port uint16, m *maps.Maps, ports map[int]net.HardwareAddr, lo
 // newControlServer makes a server answering from raw (tests give it a plain loopback socket).
 func newControlServer(raw net.PacketConn, m *maps.Maps, ports map[int]net.HardwareAddr, log *slog.Logger) *ControlServer {
 	return &ControlServer{conn: ipv4.NewPacketConn(raw), raw: raw, maps: m, log: log, ports: ports,
-		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, keys: map[uint32]string{}}
+		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, keys: map[uint32]string{}, halted: map[uint32]haltNotice{}}
 }
 
 // Close stops the server.
@@ -239,6 +240,8 @@ func msgName(t uint8) string {
 		return "ACK"
 	case bpf.XdpaggMsgTypeMSG_RESET:
 		return "RESET"
+	case bpf.XdpaggMsgTypeMSG_HALT:
+		return "HALT"
 	}
 	return fmt.Sprintf("type %d", t)
 }
@@ -248,7 +251,7 @@ func bodySize(t bpf.XdpaggMsgType) (int, bool) {
 	switch t {
 	case bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE:
 		return binary.Size(bpf.XdpaggJoinBody{}), true
-	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_RESET:
+	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT:
 		return 0, true
 	}
 	return 0, false
@@ -348,9 +351,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if bound && !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
 		}
-	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET:
+	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT:
 		// Only the worker id's binding may ask for (or acknowledge) its job's results, or reset
-		// its job (members are trusted with their job's state, and only with it).
+		// or halt its job (members are trusted with their job's state, and only with it).
 		if !bound || !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
@@ -390,8 +393,28 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		}
 		// The retransmit cache keeps the job's completed sums: they are still right.
 		c.log.Info("job reset", "job", h.JobId, "by_worker", h.WorkerId, "slots_freed", freed)
+	case bpf.XdpaggMsgTypeMSG_HALT:
+		c.touch(ref, now)
+		c.mu.Lock()
+		c.halted[h.JobId] = haltNotice{seq: h.Seq, until: now.Add(HaltWindow)}
+		c.mu.Unlock()
+		n, err := c.tellHalt(h.JobId, h.Seq, key)
+		if err != nil {
+			return err
+		}
+		c.log.Info("job halted", "job", h.JobId, "by_worker", h.WorkerId, "members_told", n)
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
 		c.touch(ref, now)
+		// A member of a job halted a moment ago that is still asking for results did not hear
+		// of it (the notice was lost): tell it again.
+		c.mu.Lock()
+		hn, halted := c.halted[h.JobId]
+		c.mu.Unlock()
+		if halted && now.Before(hn.until) {
+			if err := c.sendHalt(h.JobId, h.WorkerId, hn.seq, key, from); err != nil {
+				return err
+			}
+		}
 		if typ == bpf.XdpaggMsgTypeMSG_ACK {
 			if c.cache != nil {
 				c.cache.Ack(h.JobId, h.WorkerId, h.Seq) // cumulative: every result before seq
@@ -454,6 +477,77 @@ func (c *ControlServer) mayJoin(h wire.Header, ifindex int, from netip.AddrPort,
 		}
 		if n >= c.cfg.MaxMembersPerPort {
 			return refuse(RejectPortFull, "JOIN of job %d worker %d on ifindex %d: the port has %d members (at most %d)", h.JobId, h.WorkerId, ifindex, n, c.cfg.MaxMembersPerPort)
+		}
+	}
+	return nil
+}
+
+// HaltWindow is how long after a HALT the agent answers a member's RETRANSMIT or ACK with the
+// halt notice again (its first copy may have been lost).
+const HaltWindow = 10 * time.Second
+
+// haltNotice is a job's last HALT: its nonce, and until when members are reminded of it.
+type haltNotice struct {
+	seq   uint32
+	until time.Time
+}
+
+// tellHalt sends an authenticated MSG_HALT notice to every member of the job, from the switch's
+// address on each member's port (the address it joined through). It returns how many it told.
+func (c *ControlServer) tellHalt(job, seq uint32, key []byte) (int, error) {
+	ms, err := c.maps.ListMembers()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range ms {
+		if m.JobID != job {
+			continue
+		}
+		src := portAddress(int(m.Ifindex))
+		if err := c.sendHaltFrom(job, m.WorkerID, seq, key, m.Addr, src); err != nil {
+			c.log.Warn("halt notice not sent", "job", job, "worker", m.WorkerID, "err", err)
+			continue
+		}
+		n++
+	}
+	return n, nil
+}
+
+// sendHalt sends one halt notice to a member that just wrote to the agent (answered from the
+// address it wrote to).
+func (c *ControlServer) sendHalt(job uint32, worker uint8, seq uint32, key []byte, to netip.AddrPort) error {
+	return c.sendHaltFrom(job, worker, seq, key, to, c.replySrc)
+}
+
+func (c *ControlServer) sendHaltFrom(job uint32, worker uint8, seq uint32, key []byte, to netip.AddrPort, src net.IP) error {
+	h := wire.Header{Version: wire.Version, Type: wire.MsgHalt, JobId: job, Seq: seq, WorkerId: worker}
+	out, err := ctlauth.Seal(key, wire.AppendHeader(nil, &h), c.stamper.Next())
+	if err != nil {
+		return err
+	}
+	dst := net.UDPAddrFromAddrPort(to)
+	if src != nil && !src.IsUnspecified() {
+		_, err = c.conn.WriteTo(out, &ipv4.ControlMessage{Src: src}, dst)
+	} else {
+		_, err = c.conn.WriteTo(out, nil, dst)
+	}
+	return err
+}
+
+// portAddress is the switch's IPv4 address on a port (nil: none, or unknown).
+func portAddress(ifindex int) net.IP {
+	ifc, err := net.InterfaceByIndex(ifindex)
+	if err != nil {
+		return nil
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return nil
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			return ipn.IP.To4()
 		}
 	}
 	return nil

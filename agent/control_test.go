@@ -36,6 +36,7 @@ const (
 	msgAck      = wire.MsgAck
 	msgRtx      = wire.MsgRetransmit
 	msgReset    = wire.MsgReset
+	msgHalt     = wire.MsgHalt
 	failsafeFor = time.Second // read deadline that only keeps a broken test from hanging
 )
 
@@ -1178,4 +1179,45 @@ func TestHandleReset(t *testing.T) {
 	}
 	// A replay of the accepted RESET is refused.
 	wantRefused(t, c.handle(reset, testPort, w.addr), RejectReplay, "RESET")
+}
+
+// TestHandleHalt: a bound worker's authenticated HALT reaches every member of its job as an
+// authenticated MSG_HALT (its own included), and is acknowledged; a member that asks for a result
+// soon after hears it again; a HALT from anyone but a binding is refused and tells nobody.
+func TestHandleHalt(t *testing.T) {
+	ct := newCtlTest(t)
+	c := ct.c
+	w0, w1, other := newWorker(t), newWorkerAt(t, "127.0.0.3"), newWorkerAt(t, "127.0.0.2")
+	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 1, 0), joinBody(workerMAC, resultIP)), testPort, w0.addr)
+	w0.readAck(t, ct.key)
+	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
+	w1.readAck(t, ct.key)
+
+	wantRefused(t, c.handle(sealed(t, ct.key, hdr(msgHalt, testJob, 3, 0), nil), testPort, other.addr), RejectNotMember, "HALT")
+	w0.noDatagram(t)
+	w1.noDatagram(t)
+
+	accept(t, c, sealed(t, ct.key, hdr(msgHalt, testJob, 0xabc, 0), nil), testPort, w0.addr)
+	got := map[uint8]bool{}
+	read := func(w *worker) wire.Header {
+		h, _ := w.readAck(t, ct.key)
+		if h.Type == msgHalt {
+			if h.Seq != 0xabc || h.JobId != testJob {
+				t.Errorf("halt notice %+v", h)
+			}
+			got[h.WorkerId] = true
+		}
+		return h
+	}
+	read(w0) // w0: its notice and the ACK of its HALT, in either order
+	read(w0)
+	read(w1) // w1: its notice
+	if !got[0] || !got[1] {
+		t.Errorf("halt notices reached workers %v, want 0 and 1", got)
+	}
+	// Worker 1 did not hear it (say) and asks for a result: reminded.
+	accept(t, c, rtx(t, ct.key, 5, 1), testPort2, w1.addr)
+	if h, _ := w1.readAck(t, ct.key); h.Type != msgHalt || h.Seq != 0xabc {
+		t.Errorf("answer to a halted member's RETRANSMIT starts with %+v, want the halt notice", h)
+	}
 }

@@ -524,7 +524,7 @@ func fuzzMalformed(d frame, k, p uint8, desc string) fuzzPkt {
 			f.Pad = 1 + int(p%8)
 			what = fmt.Sprintf("%d bytes after the IPv4 total length", f.Pad)
 		case 17:
-			f.Hdr.Type = [2]uint8{uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT), 10 + p%5}[p%2]
+			f.Hdr.Type = [2]uint8{uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT), 11 + p%5}[p%2]
 			what = fmt.Sprintf("reserved type %d", f.Hdr.Type)
 		case 18:
 			f.Hdr.Encoding = encSparseKV

@@ -670,6 +670,7 @@ int xdpagg_switch(struct xdp_md *ctx)
 	case MSG_JOIN:
 	case MSG_LEAVE:
 	case MSG_RESET:
+	case MSG_HALT:
 	case MSG_ACK:
 	case MSG_RETRANSMIT:
 		if (!ctl_admit(ctx)) {

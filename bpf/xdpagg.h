@@ -109,6 +109,7 @@ enum msg_type {
 	MSG_RETRANSMIT = 7, /* control: worker asks the switch CPU for a cached result */
 	MSG_HEARTBEAT = 8,  /* reserved (controller liveness, Libra failover): dropped as malformed today */
 	MSG_PULL = 9,       /* sparse read-out: the PS asks the switch for a range of hot sums; the switch answers in place */
+	MSG_HALT = 10,      /* control: a member asks the agent to suspend its job; the agent tells every member (iSwitch Halt) */
 };
 
 /* Value encodings (hdr.encoding). */

@@ -242,6 +242,7 @@ const (
 	XdpaggMsgTypeMSG_RETRANSMIT XdpaggMsgType = 7
 	XdpaggMsgTypeMSG_HEARTBEAT  XdpaggMsgType = 8
 	XdpaggMsgTypeMSG_PULL       XdpaggMsgType = 9
+	XdpaggMsgTypeMSG_HALT       XdpaggMsgType = 10
 )
 
 type XdpaggPortQueue struct {

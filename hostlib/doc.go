@@ -40,6 +40,9 @@ var (
 	ErrMalformed = wire.ErrMalformed
 	// ErrBusy: an operation that must not overlap with itself (AllReduce, Serve) already runs.
 	ErrBusy = errors.New("busy")
+	// ErrHalted: a member of the job asked the switch to halt it (iSwitch's Halt), and the
+	// switch's agent said so; AllReduce fails until Worker.Resume.
+	ErrHalted = errors.New("job halted")
 )
 
 // errTruncated reports a datagram larger than any xdpagg packet; made once, like wire's errors.

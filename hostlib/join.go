@@ -38,6 +38,70 @@ func (w *Worker) Reset(ctx context.Context, sw netip.AddrPort) error {
 	return w.control(ctx, wire.MsgReset, sw, nil)
 }
 
+// Halt asks the switch's agent to halt this worker's job (iSwitch's Halt): the agent tells every
+// member of the job, this one included, with an authenticated MSG_HALT, after which their
+// AllReduce calls fail with ErrHalted (a running one returns at once) until Resume. Only a joined
+// worker may, from its binding. A member whose notice is lost hears it again with the agent's
+// answer to its next RETRANSMIT or ACK.
+func (w *Worker) Halt(ctx context.Context, sw netip.AddrPort) error {
+	return w.control(ctx, wire.MsgHalt, sw, nil)
+}
+
+// Halted reports whether the switch's agent told this worker its job is halted.
+func (w *Worker) Halted() bool { return w.halted.Load() }
+
+// Resume lets AllReduce run again after a halt: the application decides when its job goes on
+// (all members must, or their sums will not complete). Reminders of the halt it resumes from
+// (the agent repeats a halt to members that still ask for results) are ignored from then on.
+func (w *Worker) Resume() {
+	w.mu.Lock()
+	w.resumedHalt, w.resumed = w.haltSeq, true
+	w.halted.Store(false)
+	w.mu.Unlock()
+}
+
+// handleHalt applies an MSG_HALT from `from`: accepted only from the switch address the worker
+// joined through, authenticated under JobKey, for this job and worker id, with a fresh stamp.
+// Called with mu held.
+func (w *Worker) handleHalt(b []byte, h *wire.Header, from *unix.RawSockaddrInet4) {
+	var agent unix.RawSockaddrInet4
+	switch {
+	case w.ctrlSet && sameSource(from, &w.ctrlRaw):
+		agent = w.ctrlRaw
+	case w.ackPending && sameSource(from, &w.ackFrom):
+		agent = w.ackFrom
+	default:
+		w.st.foreign.Add(1)
+		return
+	}
+	if len(w.cfg.JobKey) != ctlauth.KeySize {
+		w.st.unauth.Add(1)
+		return
+	}
+	msg, stamp, err := ctlauth.Open(w.cfg.JobKey, b)
+	if err != nil {
+		w.st.unauth.Add(1)
+		return
+	}
+	if len(msg) != wire.HdrSize || h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID {
+		w.st.malformed.Add(1)
+		return
+	}
+	if err := w.replay.Check(agent, stamp); err != nil {
+		w.st.replayed.Add(1)
+		return
+	}
+	if w.resumed && h.Seq == w.resumedHalt {
+		return // a reminder of the halt this worker was resumed from
+	}
+	w.haltSeq = h.Seq
+	w.halted.Store(true)
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
 // Leave removes this worker from the switch's members of its job, authenticated like Join.
 func (w *Worker) Leave(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
 	return w.control(ctx, wire.MsgLeave, sw, mac)
@@ -48,7 +112,7 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 		return fmt.Errorf("%w: JobKey has %d bytes: control messages need the job's %d-byte key (`xdpagg job add` prints it)",
 			ErrConfig, len(w.cfg.JobKey), ctlauth.KeySize)
 	}
-	if len(mac) != 6 && typ != wire.MsgReset {
+	if len(mac) != 6 && typ != wire.MsgReset && typ != wire.MsgHalt {
 		return fmt.Errorf("%w: MAC %v: need a 6-byte Ethernet address", ErrConfig, mac)
 	}
 	sw = netip.AddrPortFrom(sw.Addr().Unmap(), sw.Port())
@@ -63,7 +127,7 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 	msg := make([]byte, wire.HdrSize, wire.HdrSize+12+ctlauth.TrailerSize)
 	wire.EncodeHeader(msg, &h)
 	var err error
-	if typ != wire.MsgReset { // JOIN and LEAVE carry the body; RESET has none
+	if typ == wire.MsgJoin || typ == wire.MsgLeave { // JOIN and LEAVE carry the body; RESET and HALT none
 		if msg, err = binary.Append(msg, binary.LittleEndian, &body); err != nil {
 			return fmt.Errorf("encode control body: %w", err)
 		}
@@ -105,7 +169,7 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 			case <-w.kick:
 				w.mu.Lock()
 				got := w.ackGot
-				if got && typ != wire.MsgReset {
+				if got && (typ == wire.MsgJoin || typ == wire.MsgLeave) {
 					// From now on, results this worker misses are asked of the switch agent's
 					// retransmit cache first, and its answers accepted; LEAVE turns that off.
 					w.ctrl, w.ctrlSet = sw, typ == wire.MsgJoin

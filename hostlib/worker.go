@@ -253,6 +253,13 @@ type Worker struct {
 	remap map[uint32]slotRemap // slot offset (seq % 2W) -> ATP rehash from the PS; guarded by mu
 	srtt  int64                // smoothed result round trip (ns), for fast loss detection; guarded by mu
 
+	// halted: the switch's agent said the job is halted (authenticated MSG_HALT). haltSeq is that
+	// halt's nonce, resumedHalt the one Resume last resumed from (guarded by mu).
+	halted      atomic.Bool
+	haltSeq     uint32
+	resumedHalt uint32
+	resumed     bool
+
 	closeOnce sync.Once
 	closing   chan struct{}
 	recvDone  chan struct{}
@@ -418,6 +425,11 @@ func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 	base := w.nextSeq
 	w.nextSeq += uint64(nfrags)
 	w.lastSendErr = nil
+	if w.halted.Load() {
+		// Failed like the call the other members were in when the halt came: every member's
+		// sequence moves past this allreduce, so after Resume they are in step again.
+		return fmt.Errorf("allreduce: %w", ErrHalted)
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("allreduce of %d values: %w", len(data), err)
 	}
@@ -440,6 +452,9 @@ func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 	}()
 
 	for {
+		if w.halted.Load() {
+			return fmt.Errorf("allreduce of %d values: %w", len(data), ErrHalted)
+		}
 		wait, err := w.step()
 		if err != nil || wait < 0 {
 			return err
@@ -726,6 +741,10 @@ func (w *Worker) handleResult(i int) {
 	h, vals, err := wire.ParsePacket(b)
 	if err == nil && h.Type == wire.MsgAck {
 		w.handleAck(b, &h, from)
+		return
+	}
+	if err == nil && h.Type == wire.MsgHalt {
+		w.handleHalt(b, &h, from)
 		return
 	}
 	if err != nil || h.Type != wire.MsgResult || h.JobId != w.cfg.JobID {

@@ -2,6 +2,7 @@ package netns_tests
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
 )
@@ -97,4 +99,64 @@ func TestResetMidJob(t *testing.T) {
 	}
 	t.Logf("reset: %d resets mid-job, every allreduce exact; to_ps +%d, flushed +%d, reclaimed +%d", resets,
 		c["to_ps"]-before["to_ps"], c["flushed"]-before["flushed"], c["reclaimed"]-before["reclaimed"])
+}
+
+// TestHaltJob: iSwitch's Halt. One worker halts its job while the job's allreduces run: the agent
+// tells every member (authenticated), each one's running or next allreduce fails with ErrHalted
+// at once, none hangs; another job on the switch is untouched. After Resume on every member the
+// job goes on, in step and exact.
+func TestHaltJob(t *testing.T) {
+	a := newAgentEnv(t, 4, 64)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hosts := a.tp.Workers
+	jobs := a.startJobs(ctx, t, jobSpec{id: 53, hosts: hosts[:3]}, jobSpec{id: 54, hosts: hosts[1:], port: 9700})
+	j, other := jobs[0], jobs[1]
+	reduceExact(ctx, t, j, 2, 20_000, 1)
+
+	errs := make(chan error, len(j.workers))
+	start := make(chan struct{})
+	for i, w := range j.workers {
+		go func() {
+			<-start
+			for r := 0; ; r++ {
+				in, _ := inputs(len(j.workers), 200_000, uint64(r), uniform)
+				if err := w.AllReduce(ctx, in[i]); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	time.Sleep(100 * time.Millisecond)
+	halted := time.Now()
+	h := j.hosts[0]
+	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+	err := j.workers[0].Halt(hctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort))
+	hcancel()
+	if err != nil {
+		t.Fatalf("halt: %v\n%s", err, a.sw.stderr.String())
+	}
+	var worst time.Duration
+	for range j.workers {
+		err := <-errs
+		if !errors.Is(err, hostlib.ErrHalted) {
+			t.Errorf("a member's allreduce ended with %v, want ErrHalted", err)
+		}
+		worst = max(worst, time.Since(halted))
+	}
+	for _, w := range j.workers {
+		if !w.Halted() {
+			t.Error("a member does not know its job is halted")
+		}
+	}
+	// The other job runs on.
+	reduceExact(ctx, t, other, 3, 20_000, 5)
+	// Each member failed exactly the allreduce it was in: resumed, they are in step.
+	for _, w := range j.workers {
+		w.Resume()
+	}
+	reduceExact(ctx, t, j, 3, 20_000, 9)
+	t.Logf("halt: every member stopped within %v of the halt, the other job ran on, the job resumed exact", worst.Round(time.Millisecond))
 }

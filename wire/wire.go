@@ -70,6 +70,7 @@ const (
 	MsgRetransmit = uint8(7)
 	MsgHeartbeat  = uint8(8) // reserved: malformed
 	MsgPull       = uint8(9)
+	MsgHalt       = uint8(10)
 )
 
 // Value encodings (enum encoding), typed as Header.Encoding.
@@ -231,11 +232,11 @@ var (
 )
 
 // KnownType reports whether t is a message type the switch acts on: DATA, RESULT and PULL, which
-// it handles, and JOIN, LEAVE, RESET, ACK and RETRANSMIT, which it passes to its agent.
+// it handles, and JOIN, LEAVE, RESET, HALT, ACK and RETRANSMIT, which it passes to its agent.
 // MSG_HEARTBEAT is reserved, and it and every other value are malformed.
 func KnownType(t uint8) bool {
 	switch t {
-	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgPull:
+	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgPull, MsgHalt:
 		return true
 	}
 	return false

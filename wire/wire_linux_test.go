@@ -115,6 +115,7 @@ func TestConstantsMatchGenerated(t *testing.T) {
 		{"FlagSparseDone", uint64(FlagSparseDone), uint64(bpf.XdpaggFlagF_SPARSE_DONE)},
 		{"FlagPending", uint64(FlagPending), uint64(bpf.XdpaggFlagF_PENDING)},
 		{"MsgPull", uint64(MsgPull), uint64(bpf.XdpaggMsgTypeMSG_PULL)},
+		{"MsgHalt", uint64(MsgHalt), uint64(bpf.XdpaggMsgTypeMSG_HALT)},
 		{"EncSparseCold", uint64(EncSparseCold), uint64(bpf.XdpaggEncodingENC_SPARSE_COLD)},
 		{"EncSparseHot", uint64(EncSparseHot), uint64(bpf.XdpaggEncodingENC_SPARSE_HOT)},
 		{"HotMaxValues", HotMaxValues, uint64(bpf.XdpaggLimitLIMIT_HOT_MAX_VALUES)},

@@ -207,7 +207,7 @@ func TestParsePacketRejects(t *testing.T) {
 		{"type 0", func(h *Header, b []byte) []byte { h.Type = 0; return b }, ErrType},
 		{"MSG_HEARTBEAT (reserved)", func(h *Header, b []byte) []byte { h.Type = MsgHeartbeat; return b }, ErrType},
 		{"MSG_HEARTBEAT without values", func(h *Header, b []byte) []byte { h.Type, h.Count = MsgHeartbeat, 0; return b[:HdrSize] }, ErrType},
-		{"type 10", func(h *Header, b []byte) []byte { h.Type = 10; return b }, ErrType},
+		{"type 11", func(h *Header, b []byte) []byte { h.Type = 11; return b }, ErrType},
 		{"PULL of dense values", func(h *Header, b []byte) []byte { h.Type = MsgPull; return b }, ErrEncoding},
 		{"type 255", func(h *Header, b []byte) []byte { h.Type = 255; return b }, ErrType},
 		{"count 0", func(h *Header, b []byte) []byte { h.Count = 0; return b[:HdrSize] }, ErrCount},
@@ -259,7 +259,7 @@ func TestParsePacketRejects(t *testing.T) {
 
 func TestKnown(t *testing.T) {
 	for ty := range 256 {
-		want := ty >= 1 && ty <= 7 || ty == 9
+		want := ty >= 1 && ty <= 7 || ty == 9 || ty == 10
 		if KnownType(uint8(ty)) != want {
 			t.Errorf("KnownType(%d) = %v", ty, !want)
 		}
