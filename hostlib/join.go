@@ -64,31 +64,7 @@ func (w *Worker) Resume() {
 // joined through, authenticated under JobKey, for this job and worker id, with a fresh stamp.
 // Called with mu held.
 func (w *Worker) handleHalt(b []byte, h *wire.Header, from *unix.RawSockaddrInet4) {
-	var agent unix.RawSockaddrInet4
-	switch {
-	case w.ctrlSet && sameSource(from, &w.ctrlRaw):
-		agent = w.ctrlRaw
-	case w.ackPending && sameSource(from, &w.ackFrom):
-		agent = w.ackFrom
-	default:
-		w.st.foreign.Add(1)
-		return
-	}
-	if len(w.cfg.JobKey) != ctlauth.KeySize {
-		w.st.unauth.Add(1)
-		return
-	}
-	msg, stamp, err := ctlauth.Open(w.cfg.JobKey, b)
-	if err != nil {
-		w.st.unauth.Add(1)
-		return
-	}
-	if len(msg) != wire.HdrSize || h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID {
-		w.st.malformed.Add(1)
-		return
-	}
-	if err := w.replay.Check(agent, stamp); err != nil {
-		w.st.replayed.Add(1)
+	if !w.agentMessage(b, h, from) {
 		return
 	}
 	if w.resumed && h.Seq == w.resumedHalt {
@@ -197,6 +173,42 @@ func (w *Worker) sealCtl(buf []byte) []byte {
 	return out
 }
 
+// agentMessage checks a message from the switch agent (b, parsed into h, from `from`): it must
+// come from the switch address the worker sends its control messages to, open under JobKey, be a
+// bare header for this job and worker id, and carry a stamp newer than the last one accepted from
+// that address. What fails is counted (Foreign, Unauthenticated, Malformed, Replayed). Called with
+// mu held.
+func (w *Worker) agentMessage(b []byte, h *wire.Header, from *unix.RawSockaddrInet4) bool {
+	var agent unix.RawSockaddrInet4
+	switch {
+	case w.ackPending && sameSource(from, &w.ackFrom):
+		agent = w.ackFrom
+	case w.ctrlSet && sameSource(from, &w.ctrlRaw):
+		agent = w.ctrlRaw
+	default:
+		w.st.foreign.Add(1)
+		return false
+	}
+	if len(w.cfg.JobKey) != ctlauth.KeySize {
+		w.st.unauth.Add(1)
+		return false
+	}
+	msg, stamp, err := ctlauth.Open(w.cfg.JobKey, b)
+	if err != nil {
+		w.st.unauth.Add(1)
+		return false
+	}
+	if len(msg) != wire.HdrSize || h.Count != 0 || h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID {
+		w.st.malformed.Add(1) // authentic, but not for this worker
+		return false
+	}
+	if err := w.replay.Check(agent, stamp); err != nil {
+		w.st.replayed.Add(1)
+		return false
+	}
+	return true
+}
+
 // sameSource reports whether a datagram's source (as recvmmsg wrote it) is the address a.
 func sameSource(from, a *unix.RawSockaddrInet4) bool {
 	return from.Family == unix.AF_INET && from.Port == a.Port && from.Addr == a.Addr
@@ -207,31 +219,7 @@ func sameSource(from, a *unix.RawSockaddrInet4) bool {
 // sent its control messages to, authenticated under JobKey, with a stamp newer than the last one
 // accepted from that address, for this job and worker id. Called with mu held.
 func (w *Worker) handleAck(b []byte, h *wire.Header, from *unix.RawSockaddrInet4) {
-	var agent unix.RawSockaddrInet4
-	switch {
-	case w.ackPending && sameSource(from, &w.ackFrom):
-		agent = w.ackFrom
-	case w.ctrlSet && sameSource(from, &w.ctrlRaw):
-		agent = w.ctrlRaw
-	default:
-		w.st.foreign.Add(1)
-		return
-	}
-	if len(w.cfg.JobKey) != ctlauth.KeySize {
-		w.st.unauth.Add(1)
-		return
-	}
-	msg, stamp, err := ctlauth.Open(w.cfg.JobKey, b)
-	if err != nil {
-		w.st.unauth.Add(1)
-		return
-	}
-	if len(msg) != wire.HdrSize || h.Count != 0 || h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID {
-		w.st.malformed.Add(1) // authentic, but not an answer to this worker
-		return
-	}
-	if err := w.replay.Check(agent, stamp); err != nil {
-		w.st.replayed.Add(1)
+	if !w.agentMessage(b, h, from) {
 		return
 	}
 	w.st.ctlAcks.Add(1)
