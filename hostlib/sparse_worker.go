@@ -131,6 +131,8 @@ type SparseStats struct {
 	Resends     uint64 // iterations resent after a timeout
 	Stale       uint64 // update packets of other iterations, or duplicates
 	Foreign     uint64 // datagrams from anyone but the PS
+	HotVersion  uint32 // the hot set in use: its version and keys (0, 0: none)
+	HotKeys     int
 }
 
 // SparseWorker is one worker of a sparse job. Its methods must not be called concurrently.
@@ -171,9 +173,13 @@ func (w *SparseWorker) Close() error { return w.conn.Close() }
 
 // Stats returns the worker's counters.
 func (w *SparseWorker) Stats() SparseStats {
+	var version uint32
+	if w.cfg.Hot != nil {
+		version = w.cfg.Hot.Version
+	}
 	return SparseStats{Iterations: w.st.iterations.Load(), HotPairs: w.st.hotPairs.Load(), ColdPairs: w.st.coldPairs.Load(),
 		HotPackets: w.st.hotPackets.Load(), ColdPackets: w.st.coldPackets.Load(), Resends: w.st.resends.Load(),
-		Stale: w.st.stale.Load(), Foreign: w.st.foreign.Load()}
+		Stale: w.st.stale.Load(), Foreign: w.st.foreign.Load(), HotVersion: version, HotKeys: w.cfg.Hot.Len()}
 }
 
 // SetHot replaces the hot set from the next Step on (a hot-set swap: every worker, the PS and the
