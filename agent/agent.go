@@ -48,6 +48,9 @@ type Config struct {
 	CacheEntries int
 	// Control is the control plane's policy (member TTL, members per port).
 	Control ControlConfig
+	// ControllerKey authenticates the controller's heartbeats (ctlauth.KeySize bytes); nil: the
+	// agent refuses them.
+	ControllerKey []byte
 }
 
 // Ready is what the ready file contains.
@@ -286,6 +289,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		log.Info("retransmit cache on", "max_age", cfg.CacheAge, "max_entries", cfg.CacheEntries)
 	}
 	ctrl.SetConfig(cfg.Control)
+	if cfg.ControllerKey != nil {
+		ctrl.SetControllerKey(cfg.ControllerKey)
+	}
 	ctrlDone := make(chan error, 1)
 	go func() { ctrlDone <- ctrl.Serve(ctx) }()
 	gcCtx, gcCancel := context.WithCancel(ctx)

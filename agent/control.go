@@ -82,6 +82,9 @@ type ControlServer struct {
 	stamper ctlauth.Stamper
 	replay  ctlauth.Replay[workerRef]
 
+	ctlKey    []byte                         // the controller's key (heartbeats); nil: none
+	ctlReplay ctlauth.Replay[netip.AddrPort] // the controller's stamps, by sender
+
 	mu       sync.Mutex
 	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
 	halted   map[uint32]haltNotice   // jobs halted lately
@@ -242,6 +245,8 @@ func msgName(t uint8) string {
 		return "RESET"
 	case bpf.XdpaggMsgTypeMSG_HALT:
 		return "HALT"
+	case bpf.XdpaggMsgTypeMSG_HEARTBEAT:
+		return "HEARTBEAT"
 	}
 	return fmt.Sprintf("type %d", t)
 }
@@ -285,6 +290,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		return refuse(RejectMalformed, "%d bytes", len(b))
 	}
 	wire.DecodeHeader(b, &h)
+	if h.Version == wire.Version && h.Reserved == 0 && h.Type == wire.MsgHeartbeat {
+		return c.heartbeat(b, h, ifindex, from) // the controller's, under its own key
+	}
 	if h.Version != wire.Version || h.JobId == 0 || h.Reserved != 0 || h.Count != 0 {
 		return refuse(RejectMalformed, "version %d job %d reserved %d count %d", h.Version, h.JobId, h.Reserved, h.Count)
 	}

@@ -25,19 +25,20 @@ import (
 )
 
 const (
-	testPort    = 7 // the ifindex the tests call a switch port
-	testPort2   = 8 // another switch port
-	notAPort    = 9 // an ifindex that is not a switch port
-	testJob     = 42
-	otherJob    = 43 // another admitted job, with its own key and PS
-	testWorkers = 4  // admitted workers of testJob and otherJob
-	msgJoin     = wire.MsgJoin
-	msgLeave    = wire.MsgLeave
-	msgAck      = wire.MsgAck
-	msgRtx      = wire.MsgRetransmit
-	msgReset    = wire.MsgReset
-	msgHalt     = wire.MsgHalt
-	failsafeFor = time.Second // read deadline that only keeps a broken test from hanging
+	testPort     = 7 // the ifindex the tests call a switch port
+	testPort2    = 8 // another switch port
+	notAPort     = 9 // an ifindex that is not a switch port
+	testJob      = 42
+	otherJob     = 43 // another admitted job, with its own key and PS
+	testWorkers  = 4  // admitted workers of testJob and otherJob
+	msgJoin      = wire.MsgJoin
+	msgLeave     = wire.MsgLeave
+	msgAck       = wire.MsgAck
+	msgRtx       = wire.MsgRetransmit
+	msgReset     = wire.MsgReset
+	msgHalt      = wire.MsgHalt
+	msgHeartbeat = wire.MsgHeartbeat
+	failsafeFor  = time.Second // read deadline that only keeps a broken test from hanging
 )
 
 var (
@@ -466,7 +467,7 @@ func TestHandleMalformed(t *testing.T) {
 		malformed("count", withHdr(func(h *wire.Header) { h.Count = 3 }), "count 3"),
 		malformed("DATA", withHdr(func(h *wire.Header) { h.Type = wire.MsgData }), "type 1 is not handled"),
 		malformed("RESULT", withHdr(func(h *wire.Header) { h.Type = wire.MsgResult }), "not handled"),
-		malformed("HEARTBEAT", withHdr(func(h *wire.Header) { h.Type = wire.MsgHeartbeat }), "not handled"),
+		malformed("type 11", withHdr(func(h *wire.Header) { h.Type = 11 }), "not handled"),
 		malformed("unknown type", withHdr(func(h *wire.Header) { h.Type = 200 }), "type 200"),
 		malformed("join body reserved", func(t *testing.T) []byte {
 			body := joinBody(workerMAC, resultIP)
@@ -1220,4 +1221,46 @@ func TestHandleHalt(t *testing.T) {
 	if h, _ := w1.readAck(t, ct.key); h.Type != msgHalt || h.Seq != 0xabc {
 		t.Errorf("answer to a halted member's RETRANSMIT starts with %+v, want the halt notice", h)
 	}
+}
+
+// TestHandleHeartbeat: the controller's heartbeat, under the switch's controller key, is answered
+// with the switch's statistics under the same key; the wrong key, a replay, or a switch without a
+// controller key get no answer.
+func TestHandleHeartbeat(t *testing.T) {
+	ct := newCtlTest(t)
+	c := ct.c
+	ctl := newWorkerAt(t, "127.0.0.5")
+	ctlKey := make([]byte, ctlauth.KeySize)
+	ctlKey[0] = 0x42
+	beat := func(seq uint32, key []byte) []byte {
+		return seal(t, key, wire.AppendHeader(nil, &wire.Header{Version: wire.Version, Type: msgHeartbeat, Seq: seq}))
+	}
+	wantRefused(t, c.handle(beat(1, ctlKey), testPort, ctl.addr), RejectUnauth, "no controller key")
+
+	c.SetControllerKey(ctlKey)
+	wantRefused(t, c.handle(beat(2, ct.key), testPort, ctl.addr), RejectUnauth, "HEARTBEAT")
+	b := beat(3, ctlKey)
+	accept(t, c, b, testPort, ctl.addr)
+	buf := make([]byte, 512)
+	if err := ctl.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := ctl.conn.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no heartbeat answer: %v", err)
+	}
+	msg, _, err := ctlauth.Open(ctlKey, buf[:n])
+	if err != nil {
+		t.Fatalf("the answer does not open under the controller key: %v", err)
+	}
+	var h wire.Header
+	wire.DecodeHeader(msg, &h)
+	var st bpf.XdpaggHeartbeatStats
+	if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &st); err != nil {
+		t.Fatal(err)
+	}
+	if h.Type != msgHeartbeat || h.Seq != 3 || st.PoolSize != 16 || st.Jobs != 2 || st.UptimeNs == 0 {
+		t.Errorf("answer %+v with %+v", h, st)
+	}
+	wantRefused(t, c.handle(b, testPort, ctl.addr), RejectReplay, "HEARTBEAT")
 }

@@ -411,11 +411,7 @@ func fuzzPacket(b [fuzzPktLen]byte, n int, fan map[uint32]uint8, base map[uint32
 			f.Hdr.AggIndex = uint32(param) << 20
 			f.Vals = f.Vals[:min(len(f.Vals), int(param%3))]
 		})
-		cat := catControl
-		if typ == uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT) {
-			cat = catMalformed // reserved
-		}
-		return fuzzPkt{f: c, cat: cat, desc: fmt.Sprintf("control type %d count %d", typ, param)}, true
+		return fuzzPkt{f: c, cat: catControl, desc: fmt.Sprintf("control type %d count %d", typ, param)}, true
 	case 15:
 		return fuzzNonAgg(d, b[7]%fuzzNonAggs, param), true
 	}
@@ -524,7 +520,7 @@ func fuzzMalformed(d frame, k, p uint8, desc string) fuzzPkt {
 			f.Pad = 1 + int(p%8)
 			what = fmt.Sprintf("%d bytes after the IPv4 total length", f.Pad)
 		case 17:
-			f.Hdr.Type = [2]uint8{uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT), 11 + p%5}[p%2]
+			f.Hdr.Type = [2]uint8{11, 12 + p%5}[p%2]
 			what = fmt.Sprintf("reserved type %d", f.Hdr.Type)
 		case 18:
 			f.Hdr.Encoding = encSparseKV

@@ -671,6 +671,7 @@ int xdpagg_switch(struct xdp_md *ctx)
 	case MSG_LEAVE:
 	case MSG_RESET:
 	case MSG_HALT:
+	case MSG_HEARTBEAT:
 	case MSG_ACK:
 	case MSG_RETRANSMIT:
 		if (!ctl_admit(ctx)) {
@@ -680,8 +681,7 @@ int xdpagg_switch(struct xdp_md *ctx)
 		count(ctr, CNT_CONTROL);
 		return XDP_PASS; /* the agent's socket on the switch takes control messages */
 	default:
-		/* MSG_HEARTBEAT is reserved (no agent handles it yet), and any
-		 * other type is unknown: both are malformed. */
+		/* Any other type is unknown: malformed. */
 		count(ctr, CNT_MALFORMED);
 		return XDP_DROP;
 	}
@@ -786,6 +786,7 @@ struct result_rec *const volatile unused_result_rec;
 struct cache_stats *const volatile unused_cache_stats;
 struct ctl_auth *const volatile unused_ctl_auth;
 struct gc_args *const volatile unused_gc_args;
+struct heartbeat_stats *const volatile unused_heartbeat_stats;
 struct sparse_hdr *const volatile unused_sparse_hdr;
 struct kv_pair *const volatile unused_kv_pair;
 struct cold_pair *const volatile unused_cold_pair;

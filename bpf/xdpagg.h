@@ -107,7 +107,7 @@ enum msg_type {
 	MSG_RESET = 5,   /* control: a member asks the agent to clear its job's slots, registers and records (iSwitch Reset) */
 	MSG_ACK = 6,     /* control: acknowledgement of a control message or of a result (retransmit cache) */
 	MSG_RETRANSMIT = 7, /* control: worker asks the switch CPU for a cached result */
-	MSG_HEARTBEAT = 8,  /* reserved (controller liveness, Libra failover): dropped as malformed today */
+	MSG_HEARTBEAT = 8,  /* control: the controller asks an agent how its switch is; answered with struct heartbeat_stats */
 	MSG_PULL = 9,       /* sparse read-out: the PS asks the switch for a range of hot sums; the switch answers in place */
 	MSG_HALT = 10,      /* control: a member asks the agent to suspend its job; the agent tells every member (iSwitch Halt) */
 };
@@ -381,6 +381,30 @@ struct ctl_auth {
 
 _Static_assert(sizeof(struct ctl_auth) == LIMIT_CTL_AUTH_SIZE, "struct ctl_auth must stay 24 bytes");
 _Static_assert(sizeof(struct job_key) == LIMIT_JOB_KEY_SIZE, "struct job_key must stay 32 bytes");
+
+/*
+ * Body of the agent's MSG_HEARTBEAT answer to the controller (the request has none; both carry the
+ * struct ctl_auth trailer under the switch's controller key, and job_id 0). Little-endian.
+ * Counters are cumulative since the switch was loaded; the controller differences them.
+ */
+struct heartbeat_stats {
+	__u64 uptime_ns;        /* since this agent started */
+	__u32 pool_size;        /* aggregator slots */
+	__u32 slots_held;       /* slots the admitted jobs hold (aggregating or shadow copies) */
+	__u32 jobs;             /* admitted jobs */
+	__u32 members;          /* job members (egress) */
+	__u32 reg_arrays;       /* register arrays per parity */
+	__u32 reg_arrays_used;  /* of which sparse jobs own */
+	__u64 rx;               /* xdpagg packets seen */
+	__u64 aggregated;       /* DATA summed in slots */
+	__u64 to_ps;            /* DATA sent on to the PS */
+	__u64 duplicate;        /* DATA already summed (resends) */
+	__u64 dropped;          /* malformed, not_member, spoofed, ip_invalid and ctl_limited */
+	__u64 cache_entries;    /* retransmit cache: results held */
+	__u64 cache_hits;       /* RETRANSMITs answered from it */
+	__u64 cache_misses;     /* RETRANSMITs it could not answer */
+	__u64 control_refused;  /* control messages the agent refused */
+};
 
 /*
  * Arguments and answer of `xdpagg_gc`, the in-kernel slot garbage collector the agent runs with

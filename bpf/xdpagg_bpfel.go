@@ -157,6 +157,26 @@ type XdpaggHdr struct {
 	Reserved  uint8
 }
 
+type XdpaggHeartbeatStats struct {
+	_              structs.HostLayout
+	UptimeNs       uint64
+	PoolSize       uint32
+	SlotsHeld      uint32
+	Jobs           uint32
+	Members        uint32
+	RegArrays      uint32
+	RegArraysUsed  uint32
+	Rx             uint64
+	Aggregated     uint64
+	ToPs           uint64
+	Duplicate      uint64
+	Dropped        uint64
+	CacheEntries   uint64
+	CacheHits      uint64
+	CacheMisses    uint64
+	ControlRefused uint64
+}
+
 type XdpaggJob struct {
 	_         structs.HostLayout
 	PsIp      uint32
@@ -378,55 +398,56 @@ type XdpaggWorkerKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	XdpaggMapCounters          = "counters"
-	XdpaggMapCtlBudget         = "ctl_budget"
-	XdpaggMapJobKeys           = "job_keys"
-	XdpaggMapJobs              = "jobs"
-	XdpaggMapMembers           = "members"
-	XdpaggMapPortQueues        = "port_queues"
-	XdpaggMapPorts             = "ports"
-	XdpaggMapRecircHist        = "recirc_hist"
-	XdpaggMapRegisters         = "registers"
-	XdpaggMapResults           = "results"
-	XdpaggMapScratchBuf        = "scratch_buf"
-	XdpaggMapSlots             = "slots"
-	XdpaggMapSparseJobs        = "sparse_jobs"
-	XdpaggMapSparsePass        = "sparse_pass"
-	XdpaggMapSparseProgs       = "sparse_progs"
-	XdpaggMapWorkers           = "workers"
-	XdpaggProgXdpaggEgress     = "xdpagg_egress"
-	XdpaggProgXdpaggGc         = "xdpagg_gc"
-	XdpaggProgXdpaggPass       = "xdpagg_pass"
-	XdpaggProgXdpaggSparse     = "xdpagg_sparse"
-	XdpaggProgXdpaggSwitch     = "xdpagg_switch"
-	XdpaggVarAggPort           = "agg_port"
-	XdpaggVarCacheResults      = "cache_results"
-	XdpaggVarCtlBurstNs        = "ctl_burst_ns"
-	XdpaggVarCtlIntervalNs     = "ctl_interval_ns"
-	XdpaggVarEcnThresholdBytes = "ecn_threshold_bytes"
-	XdpaggVarPoolSize          = "pool_size"
-	XdpaggVarPortRateBps       = "port_rate_Bps"
-	XdpaggVarRegArrays         = "reg_arrays"
-	XdpaggVarRegSlots          = "reg_slots"
-	XdpaggVarSlotTimeoutNs     = "slot_timeout_ns"
-	XdpaggVarSourceCheck       = "source_check"
-	XdpaggVarUnusedCacheStats  = "unused_cache_stats"
-	XdpaggVarUnusedColdPair    = "unused_cold_pair"
-	XdpaggVarUnusedCounter     = "unused_counter"
-	XdpaggVarUnusedCtlAuth     = "unused_ctl_auth"
-	XdpaggVarUnusedEncoding    = "unused_encoding"
-	XdpaggVarUnusedFlag        = "unused_flag"
-	XdpaggVarUnusedGcArgs      = "unused_gc_args"
-	XdpaggVarUnusedHdr         = "unused_hdr"
-	XdpaggVarUnusedJoinBody    = "unused_join_body"
-	XdpaggVarUnusedKvPair      = "unused_kv_pair"
-	XdpaggVarUnusedLimit       = "unused_limit"
-	XdpaggVarUnusedMsgType     = "unused_msg_type"
-	XdpaggVarUnusedRegRead     = "unused_reg_read"
-	XdpaggVarUnusedResultRec   = "unused_result_rec"
-	XdpaggVarUnusedSlotState   = "unused_slot_state"
-	XdpaggVarUnusedSparseHdr   = "unused_sparse_hdr"
-	XdpaggVarUnusedSparseState = "unused_sparse_state"
+	XdpaggMapCounters             = "counters"
+	XdpaggMapCtlBudget            = "ctl_budget"
+	XdpaggMapJobKeys              = "job_keys"
+	XdpaggMapJobs                 = "jobs"
+	XdpaggMapMembers              = "members"
+	XdpaggMapPortQueues           = "port_queues"
+	XdpaggMapPorts                = "ports"
+	XdpaggMapRecircHist           = "recirc_hist"
+	XdpaggMapRegisters            = "registers"
+	XdpaggMapResults              = "results"
+	XdpaggMapScratchBuf           = "scratch_buf"
+	XdpaggMapSlots                = "slots"
+	XdpaggMapSparseJobs           = "sparse_jobs"
+	XdpaggMapSparsePass           = "sparse_pass"
+	XdpaggMapSparseProgs          = "sparse_progs"
+	XdpaggMapWorkers              = "workers"
+	XdpaggProgXdpaggEgress        = "xdpagg_egress"
+	XdpaggProgXdpaggGc            = "xdpagg_gc"
+	XdpaggProgXdpaggPass          = "xdpagg_pass"
+	XdpaggProgXdpaggSparse        = "xdpagg_sparse"
+	XdpaggProgXdpaggSwitch        = "xdpagg_switch"
+	XdpaggVarAggPort              = "agg_port"
+	XdpaggVarCacheResults         = "cache_results"
+	XdpaggVarCtlBurstNs           = "ctl_burst_ns"
+	XdpaggVarCtlIntervalNs        = "ctl_interval_ns"
+	XdpaggVarEcnThresholdBytes    = "ecn_threshold_bytes"
+	XdpaggVarPoolSize             = "pool_size"
+	XdpaggVarPortRateBps          = "port_rate_Bps"
+	XdpaggVarRegArrays            = "reg_arrays"
+	XdpaggVarRegSlots             = "reg_slots"
+	XdpaggVarSlotTimeoutNs        = "slot_timeout_ns"
+	XdpaggVarSourceCheck          = "source_check"
+	XdpaggVarUnusedCacheStats     = "unused_cache_stats"
+	XdpaggVarUnusedColdPair       = "unused_cold_pair"
+	XdpaggVarUnusedCounter        = "unused_counter"
+	XdpaggVarUnusedCtlAuth        = "unused_ctl_auth"
+	XdpaggVarUnusedEncoding       = "unused_encoding"
+	XdpaggVarUnusedFlag           = "unused_flag"
+	XdpaggVarUnusedGcArgs         = "unused_gc_args"
+	XdpaggVarUnusedHdr            = "unused_hdr"
+	XdpaggVarUnusedHeartbeatStats = "unused_heartbeat_stats"
+	XdpaggVarUnusedJoinBody       = "unused_join_body"
+	XdpaggVarUnusedKvPair         = "unused_kv_pair"
+	XdpaggVarUnusedLimit          = "unused_limit"
+	XdpaggVarUnusedMsgType        = "unused_msg_type"
+	XdpaggVarUnusedRegRead        = "unused_reg_read"
+	XdpaggVarUnusedResultRec      = "unused_result_rec"
+	XdpaggVarUnusedSlotState      = "unused_slot_state"
+	XdpaggVarUnusedSparseHdr      = "unused_sparse_hdr"
+	XdpaggVarUnusedSparseState    = "unused_sparse_state"
 )
 
 // LoadXdpagg returns the embedded CollectionSpec for Xdpagg.
@@ -504,34 +525,35 @@ type XdpaggMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdpaggVariableSpecs struct {
-	AggPort           *ebpf.VariableSpec `ebpf:"agg_port"`
-	CacheResults      *ebpf.VariableSpec `ebpf:"cache_results"`
-	CtlBurstNs        *ebpf.VariableSpec `ebpf:"ctl_burst_ns"`
-	CtlIntervalNs     *ebpf.VariableSpec `ebpf:"ctl_interval_ns"`
-	EcnThresholdBytes *ebpf.VariableSpec `ebpf:"ecn_threshold_bytes"`
-	PoolSize          *ebpf.VariableSpec `ebpf:"pool_size"`
-	PortRateBps       *ebpf.VariableSpec `ebpf:"port_rate_Bps"`
-	RegArrays         *ebpf.VariableSpec `ebpf:"reg_arrays"`
-	RegSlots          *ebpf.VariableSpec `ebpf:"reg_slots"`
-	SlotTimeoutNs     *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
-	SourceCheck       *ebpf.VariableSpec `ebpf:"source_check"`
-	UnusedCacheStats  *ebpf.VariableSpec `ebpf:"unused_cache_stats"`
-	UnusedColdPair    *ebpf.VariableSpec `ebpf:"unused_cold_pair"`
-	UnusedCounter     *ebpf.VariableSpec `ebpf:"unused_counter"`
-	UnusedCtlAuth     *ebpf.VariableSpec `ebpf:"unused_ctl_auth"`
-	UnusedEncoding    *ebpf.VariableSpec `ebpf:"unused_encoding"`
-	UnusedFlag        *ebpf.VariableSpec `ebpf:"unused_flag"`
-	UnusedGcArgs      *ebpf.VariableSpec `ebpf:"unused_gc_args"`
-	UnusedHdr         *ebpf.VariableSpec `ebpf:"unused_hdr"`
-	UnusedJoinBody    *ebpf.VariableSpec `ebpf:"unused_join_body"`
-	UnusedKvPair      *ebpf.VariableSpec `ebpf:"unused_kv_pair"`
-	UnusedLimit       *ebpf.VariableSpec `ebpf:"unused_limit"`
-	UnusedMsgType     *ebpf.VariableSpec `ebpf:"unused_msg_type"`
-	UnusedRegRead     *ebpf.VariableSpec `ebpf:"unused_reg_read"`
-	UnusedResultRec   *ebpf.VariableSpec `ebpf:"unused_result_rec"`
-	UnusedSlotState   *ebpf.VariableSpec `ebpf:"unused_slot_state"`
-	UnusedSparseHdr   *ebpf.VariableSpec `ebpf:"unused_sparse_hdr"`
-	UnusedSparseState *ebpf.VariableSpec `ebpf:"unused_sparse_state"`
+	AggPort              *ebpf.VariableSpec `ebpf:"agg_port"`
+	CacheResults         *ebpf.VariableSpec `ebpf:"cache_results"`
+	CtlBurstNs           *ebpf.VariableSpec `ebpf:"ctl_burst_ns"`
+	CtlIntervalNs        *ebpf.VariableSpec `ebpf:"ctl_interval_ns"`
+	EcnThresholdBytes    *ebpf.VariableSpec `ebpf:"ecn_threshold_bytes"`
+	PoolSize             *ebpf.VariableSpec `ebpf:"pool_size"`
+	PortRateBps          *ebpf.VariableSpec `ebpf:"port_rate_Bps"`
+	RegArrays            *ebpf.VariableSpec `ebpf:"reg_arrays"`
+	RegSlots             *ebpf.VariableSpec `ebpf:"reg_slots"`
+	SlotTimeoutNs        *ebpf.VariableSpec `ebpf:"slot_timeout_ns"`
+	SourceCheck          *ebpf.VariableSpec `ebpf:"source_check"`
+	UnusedCacheStats     *ebpf.VariableSpec `ebpf:"unused_cache_stats"`
+	UnusedColdPair       *ebpf.VariableSpec `ebpf:"unused_cold_pair"`
+	UnusedCounter        *ebpf.VariableSpec `ebpf:"unused_counter"`
+	UnusedCtlAuth        *ebpf.VariableSpec `ebpf:"unused_ctl_auth"`
+	UnusedEncoding       *ebpf.VariableSpec `ebpf:"unused_encoding"`
+	UnusedFlag           *ebpf.VariableSpec `ebpf:"unused_flag"`
+	UnusedGcArgs         *ebpf.VariableSpec `ebpf:"unused_gc_args"`
+	UnusedHdr            *ebpf.VariableSpec `ebpf:"unused_hdr"`
+	UnusedHeartbeatStats *ebpf.VariableSpec `ebpf:"unused_heartbeat_stats"`
+	UnusedJoinBody       *ebpf.VariableSpec `ebpf:"unused_join_body"`
+	UnusedKvPair         *ebpf.VariableSpec `ebpf:"unused_kv_pair"`
+	UnusedLimit          *ebpf.VariableSpec `ebpf:"unused_limit"`
+	UnusedMsgType        *ebpf.VariableSpec `ebpf:"unused_msg_type"`
+	UnusedRegRead        *ebpf.VariableSpec `ebpf:"unused_reg_read"`
+	UnusedResultRec      *ebpf.VariableSpec `ebpf:"unused_result_rec"`
+	UnusedSlotState      *ebpf.VariableSpec `ebpf:"unused_slot_state"`
+	UnusedSparseHdr      *ebpf.VariableSpec `ebpf:"unused_sparse_hdr"`
+	UnusedSparseState    *ebpf.VariableSpec `ebpf:"unused_sparse_state"`
 }
 
 // XdpaggObjects contains all objects after they have been loaded into the kernel.
@@ -597,34 +619,35 @@ func (m *XdpaggMaps) Close() error {
 //
 // It can be passed to LoadXdpaggObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdpaggVariables struct {
-	AggPort           *ebpf.Variable `ebpf:"agg_port"`
-	CacheResults      *ebpf.Variable `ebpf:"cache_results"`
-	CtlBurstNs        *ebpf.Variable `ebpf:"ctl_burst_ns"`
-	CtlIntervalNs     *ebpf.Variable `ebpf:"ctl_interval_ns"`
-	EcnThresholdBytes *ebpf.Variable `ebpf:"ecn_threshold_bytes"`
-	PoolSize          *ebpf.Variable `ebpf:"pool_size"`
-	PortRateBps       *ebpf.Variable `ebpf:"port_rate_Bps"`
-	RegArrays         *ebpf.Variable `ebpf:"reg_arrays"`
-	RegSlots          *ebpf.Variable `ebpf:"reg_slots"`
-	SlotTimeoutNs     *ebpf.Variable `ebpf:"slot_timeout_ns"`
-	SourceCheck       *ebpf.Variable `ebpf:"source_check"`
-	UnusedCacheStats  *ebpf.Variable `ebpf:"unused_cache_stats"`
-	UnusedColdPair    *ebpf.Variable `ebpf:"unused_cold_pair"`
-	UnusedCounter     *ebpf.Variable `ebpf:"unused_counter"`
-	UnusedCtlAuth     *ebpf.Variable `ebpf:"unused_ctl_auth"`
-	UnusedEncoding    *ebpf.Variable `ebpf:"unused_encoding"`
-	UnusedFlag        *ebpf.Variable `ebpf:"unused_flag"`
-	UnusedGcArgs      *ebpf.Variable `ebpf:"unused_gc_args"`
-	UnusedHdr         *ebpf.Variable `ebpf:"unused_hdr"`
-	UnusedJoinBody    *ebpf.Variable `ebpf:"unused_join_body"`
-	UnusedKvPair      *ebpf.Variable `ebpf:"unused_kv_pair"`
-	UnusedLimit       *ebpf.Variable `ebpf:"unused_limit"`
-	UnusedMsgType     *ebpf.Variable `ebpf:"unused_msg_type"`
-	UnusedRegRead     *ebpf.Variable `ebpf:"unused_reg_read"`
-	UnusedResultRec   *ebpf.Variable `ebpf:"unused_result_rec"`
-	UnusedSlotState   *ebpf.Variable `ebpf:"unused_slot_state"`
-	UnusedSparseHdr   *ebpf.Variable `ebpf:"unused_sparse_hdr"`
-	UnusedSparseState *ebpf.Variable `ebpf:"unused_sparse_state"`
+	AggPort              *ebpf.Variable `ebpf:"agg_port"`
+	CacheResults         *ebpf.Variable `ebpf:"cache_results"`
+	CtlBurstNs           *ebpf.Variable `ebpf:"ctl_burst_ns"`
+	CtlIntervalNs        *ebpf.Variable `ebpf:"ctl_interval_ns"`
+	EcnThresholdBytes    *ebpf.Variable `ebpf:"ecn_threshold_bytes"`
+	PoolSize             *ebpf.Variable `ebpf:"pool_size"`
+	PortRateBps          *ebpf.Variable `ebpf:"port_rate_Bps"`
+	RegArrays            *ebpf.Variable `ebpf:"reg_arrays"`
+	RegSlots             *ebpf.Variable `ebpf:"reg_slots"`
+	SlotTimeoutNs        *ebpf.Variable `ebpf:"slot_timeout_ns"`
+	SourceCheck          *ebpf.Variable `ebpf:"source_check"`
+	UnusedCacheStats     *ebpf.Variable `ebpf:"unused_cache_stats"`
+	UnusedColdPair       *ebpf.Variable `ebpf:"unused_cold_pair"`
+	UnusedCounter        *ebpf.Variable `ebpf:"unused_counter"`
+	UnusedCtlAuth        *ebpf.Variable `ebpf:"unused_ctl_auth"`
+	UnusedEncoding       *ebpf.Variable `ebpf:"unused_encoding"`
+	UnusedFlag           *ebpf.Variable `ebpf:"unused_flag"`
+	UnusedGcArgs         *ebpf.Variable `ebpf:"unused_gc_args"`
+	UnusedHdr            *ebpf.Variable `ebpf:"unused_hdr"`
+	UnusedHeartbeatStats *ebpf.Variable `ebpf:"unused_heartbeat_stats"`
+	UnusedJoinBody       *ebpf.Variable `ebpf:"unused_join_body"`
+	UnusedKvPair         *ebpf.Variable `ebpf:"unused_kv_pair"`
+	UnusedLimit          *ebpf.Variable `ebpf:"unused_limit"`
+	UnusedMsgType        *ebpf.Variable `ebpf:"unused_msg_type"`
+	UnusedRegRead        *ebpf.Variable `ebpf:"unused_reg_read"`
+	UnusedResultRec      *ebpf.Variable `ebpf:"unused_result_rec"`
+	UnusedSlotState      *ebpf.Variable `ebpf:"unused_slot_state"`
+	UnusedSparseHdr      *ebpf.Variable `ebpf:"unused_sparse_hdr"`
+	UnusedSparseState    *ebpf.Variable `ebpf:"unused_sparse_state"`
 }
 
 // XdpaggPrograms contains all programs after they have been loaded into the kernel.

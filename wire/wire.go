@@ -68,7 +68,7 @@ const (
 	MsgReset      = uint8(5)
 	MsgAck        = uint8(6)
 	MsgRetransmit = uint8(7)
-	MsgHeartbeat  = uint8(8) // reserved: malformed
+	MsgHeartbeat  = uint8(8)
 	MsgPull       = uint8(9)
 	MsgHalt       = uint8(10)
 )
@@ -232,11 +232,11 @@ var (
 )
 
 // KnownType reports whether t is a message type the switch acts on: DATA, RESULT and PULL, which
-// it handles, and JOIN, LEAVE, RESET, HALT, ACK and RETRANSMIT, which it passes to its agent.
-// MSG_HEARTBEAT is reserved, and it and every other value are malformed.
+// it handles, and JOIN, LEAVE, RESET, HALT, ACK, RETRANSMIT and HEARTBEAT, which it passes to its
+// agent. Every other value is malformed.
 func KnownType(t uint8) bool {
 	switch t {
-	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgPull, MsgHalt:
+	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgHeartbeat, MsgPull, MsgHalt:
 		return true
 	}
 	return false

@@ -205,8 +205,6 @@ func TestParsePacketRejects(t *testing.T) {
 		{"reserved", func(h *Header, b []byte) []byte { h.Reserved = 1; return b }, ErrReserved},
 		{"reserved on a control message", func(h *Header, b []byte) []byte { h.Type, h.Reserved = MsgJoin, 0x80; return b }, ErrReserved},
 		{"type 0", func(h *Header, b []byte) []byte { h.Type = 0; return b }, ErrType},
-		{"MSG_HEARTBEAT (reserved)", func(h *Header, b []byte) []byte { h.Type = MsgHeartbeat; return b }, ErrType},
-		{"MSG_HEARTBEAT without values", func(h *Header, b []byte) []byte { h.Type, h.Count = MsgHeartbeat, 0; return b[:HdrSize] }, ErrType},
 		{"type 11", func(h *Header, b []byte) []byte { h.Type = 11; return b }, ErrType},
 		{"PULL of dense values", func(h *Header, b []byte) []byte { h.Type = MsgPull; return b }, ErrEncoding},
 		{"type 255", func(h *Header, b []byte) []byte { h.Type = 255; return b }, ErrType},
@@ -259,7 +257,7 @@ func TestParsePacketRejects(t *testing.T) {
 
 func TestKnown(t *testing.T) {
 	for ty := range 256 {
-		want := ty >= 1 && ty <= 7 || ty == 9 || ty == 10
+		want := ty >= 1 && ty <= 10
 		if KnownType(uint8(ty)) != want {
 			t.Errorf("KnownType(%d) = %v", ty, !want)
 		}

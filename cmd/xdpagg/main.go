@@ -24,10 +24,11 @@ type command struct {
 
 var commands = []command{
 	{"switch", "attach the XDP switch to interfaces and serve until SIGINT/SIGTERM", runSwitch},
-	{"inspect", "show a running switch's counters, slots and members", runInspect},
+	{"inspect", "show a running switch's counters, slots, members and sparse jobs' registers", runInspect},
 	{"job", "admit (add), list or end (rm) jobs on a running switch", runJob},
-	{"demo", "build a netns topology, run a verified allreduce through the switch, tear down", runDemo},
-	{"bench", "compare xdpagg with a parameter server, ring allreduce and Gloo side by side", runBench},
+	{"demo", "build a netns topology, run a verified allreduce through the switch, tear down (--sparse: a sparse model's trace)", runDemo},
+	{"bench", "compare xdpagg with a parameter server, ring allreduce and Gloo side by side (--sparse: sparse vs PS-only vs dense)", runBench},
+	{"controller", "heartbeat switches' agents and report which are healthy, suspect or failed", runController},
 }
 
 // errUsage marks errors whose message is the whole story (bad flags): no extra prefix.

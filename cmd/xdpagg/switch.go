@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/xdpagg/xdpagg/agent"
 	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/loader"
 )
 
@@ -60,6 +62,7 @@ func parseSwitch(args []string) (agent.Config, error) {
 		ctlBurst = fs.Uint("control-burst", 2000, "burst of control messages a port may send at once")
 		regArr   = fs.Uint("reg-arrays", uint(regDefaults.RegArrays), fmt.Sprintf("hot-parameter register arrays per iteration parity, shared by the sparse jobs (job add --reg-arrays m), 1..%d; kernel memory 2 x arrays x %d KiB (%d MiB at %d)",
 			loader.MaxRegArrays, regArrayBytes>>10, 2*uint64(regDefaults.RegArrays)*regArrayBytes>>20, regDefaults.RegArrays))
+		ctlKey   = fs.String("controller-key-file", "", "file with the controller's key (hex) that authenticates its heartbeats; made (mode 0600) with a new key if missing; empty: heartbeats are refused")
 		regSlots = fs.Uint("reg-slots", uint(regDefaults.RegSlots), fmt.Sprintf("slots per register array (r), 1..%d: a sparse job of m arrays holds m x r hot parameters; memory stays %d KiB an array whatever r is", bpf.RegSlots, regArrayBytes>>10))
 	)
 	if err := parseFlags(fs, args); err != nil {
@@ -103,5 +106,36 @@ func parseSwitch(args []string) (agent.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return agent.Config{}, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if *ctlKey != "" {
+		key, err := loadOrMakeKey(*ctlKey)
+		if err != nil {
+			return agent.Config{}, err
+		}
+		cfg.ControllerKey = key
+	}
 	return cfg, nil
+}
+
+// loadOrMakeKey reads a hex key from path, or writes a new one there (mode 0600) if the file does
+// not exist: the switch and its controller are given the same file.
+func loadOrMakeKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		key, err := ctlauth.NewKey()
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(path, []byte(ctlauth.FormatKey(key)+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("write controller key %s: %w", path, err)
+		}
+		return key, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read controller key %s: %w", path, err)
+	}
+	key, err := ctlauth.ParseKey(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: controller key %s: %v", errUsage, path, err)
+	}
+	return key, nil
 }

@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
+)
+
+// SetControllerKey makes the server answer the controller's MSG_HEARTBEATs, authenticated under
+// key (ctlauth.KeySize bytes; `xdpagg switch --controller-key-file`). Without one, heartbeats are
+// refused. Call before Serve.
+func (c *ControlServer) SetControllerKey(key []byte) { c.ctlKey = append([]byte(nil), key...) }
+
+// heartbeat answers the controller: job_id 0, a bare header and the trailer under the controller
+// key, a fresh stamp from that sender. The answer is the same header (type and seq) with a
+// struct heartbeat_stats body, sealed under the same key, from the address it was sent to.
+func (c *ControlServer) heartbeat(b []byte, h wire.Header, ifindex int, from netip.AddrPort) error {
+	if len(c.ctlKey) != ctlauth.KeySize {
+		return refuse(RejectUnauth, "HEARTBEAT from %v: this switch has no controller key", from)
+	}
+	if h.JobId != 0 || h.Count != 0 || len(b) != wire.HdrSize+ctlauth.TrailerSize {
+		return refuse(RejectMalformed, "HEARTBEAT of %d bytes for job %d", len(b), h.JobId)
+	}
+	if _, ok := c.ports[ifindex]; !ok {
+		return refuse(RejectNotAPort, "HEARTBEAT arrived on ifindex %d, not a switch port", ifindex)
+	}
+	_, stamp, err := ctlauth.Open(c.ctlKey, b)
+	if err != nil {
+		return refuse(RejectUnauth, "HEARTBEAT from %v: %w", from, err)
+	}
+	if err := c.ctlReplay.Check(from, stamp); err != nil {
+		return refuse(RejectReplay, "HEARTBEAT from %v: %w", from, err)
+	}
+	st, err := c.heartbeatStats()
+	if err != nil {
+		return err
+	}
+	a := wire.Header{Version: wire.Version, Type: wire.MsgHeartbeat, Seq: h.Seq}
+	out, err := binary.Append(wire.AppendHeader(nil, &a), binary.LittleEndian, &st)
+	if err != nil {
+		return err
+	}
+	if out, err = ctlauth.Seal(c.ctlKey, out, c.stamper.Next()); err != nil {
+		return err
+	}
+	if err := c.send(out, from); err != nil {
+		return fmt.Errorf("send heartbeat: %w", err)
+	}
+	return nil
+}
+
+// heartbeatStats gathers what the controller watches, from the maps (cheap reads: no slot scan).
+func (c *ControlServer) heartbeatStats() (bpf.XdpaggHeartbeatStats, error) {
+	st := bpf.XdpaggHeartbeatStats{UptimeNs: uint64(time.Since(c.start)), PoolSize: c.maps.PoolSize(), RegArrays: c.maps.RegArrays()}
+	cnt, err := c.maps.ReadCounters()
+	if err != nil {
+		return st, err
+	}
+	st.Rx, st.Aggregated, st.ToPs, st.Duplicate = cnt[maps.CntRx], cnt[maps.CntAggregated], cnt[maps.CntToPS], cnt[maps.CntDuplicate]
+	st.Dropped = cnt[maps.CntMalformed] + cnt[maps.CntNotMember] + cnt[maps.CntSpoofed] + cnt[maps.CntIPInvalid] + cnt[maps.CntCtlLimited]
+	jobs, err := c.maps.ListJobs()
+	if err != nil {
+		return st, err
+	}
+	st.Jobs = uint32(len(jobs))
+	for _, j := range jobs {
+		st.SlotsHeld += uint32(max(j.Held, 0))
+		st.RegArraysUsed += uint32(j.RegArrays)
+	}
+	ms, err := c.maps.ListMembers()
+	if err != nil {
+		return st, err
+	}
+	st.Members = uint32(len(ms))
+	if c.cache != nil {
+		cs := c.cache.Stats()
+		st.CacheEntries, st.CacheHits, st.CacheMisses = cs.Entries, cs.Hits, cs.Misses
+	}
+	for _, n := range c.Rejected() {
+		st.ControlRefused += n
+	}
+	return st, nil
+}
