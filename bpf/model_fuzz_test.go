@@ -356,26 +356,7 @@ func fuzzPacket(b [fuzzPktLen]byte, n int, fan map[uint32]uint8, base map[uint32
 	case 9:
 		res := resultFrame(job, seq, idx, fan[job], vals...)
 		desc = fmt.Sprintf("PS result job %d seq %#x idx %d count %d", job, seq, idx, count)
-		switch b[7] % 8 {
-		case 0:
-			res.Hdr.JobId = 0
-			desc += " (job 0)"
-		case 1:
-			res.SrcIP = workerIP(w)
-			desc += " (from a worker, not the PS)"
-		case 2:
-			res.Hdr.JobId = unenrolledJob
-			desc += " (job nobody joined)"
-		case 3:
-			res.SrcPort = aggPort + 1 + uint16(param)
-			desc += " (from another UDP port of the PS)"
-		case 4:
-			res.Hdr.JobId = modelFarPSJob
-			desc += " (job whose PS is behind another switch port)"
-		case 5:
-			res.Hdr.JobId = modelUnadmitted
-			desc += " (job never admitted)"
-		}
+		desc += forgeResult(&res, int(b[7]%8), w, uint16(param))
 		return fuzzPkt{f: res, cat: catResult, desc: desc}, true
 	case 11:
 		switch b[7] % fuzzSpoofs {

@@ -374,6 +374,42 @@ func slotSettle(s *mslot, d *mdecision) {
 	}
 }
 
+// Ways to forge a PS result (forgeResult), shared by the random walk and the fuzzer.
+const (
+	forgeJob0       = iota // job 0: malformed
+	forgeFromWorker        // from a worker's address, not the PS's
+	forgeUnenrolled        // for a job nobody joined
+	forgeOtherPort         // from another UDP port of the PS
+	forgeFarPS             // for a job whose PS is behind another switch port
+	forgeUnadmitted        // for a job never admitted
+)
+
+// forgeResult turns a PS result into forgery how (none for any other value: the real result) and
+// says what it did; w is the worker it may come from, param varies the port.
+func forgeResult(f *frame, how int, w uint8, param uint16) string {
+	switch how {
+	case forgeJob0:
+		f.Hdr.JobId = 0
+		return " (job 0)"
+	case forgeFromWorker:
+		f.SrcIP = workerIP(w)
+		return " (from a worker, not the PS)"
+	case forgeUnenrolled:
+		f.Hdr.JobId = unenrolledJob
+		return " (job nobody joined)"
+	case forgeOtherPort:
+		f.SrcPort = aggPort + 1 + param%100
+		return " (from another UDP port of the PS)"
+	case forgeFarPS:
+		f.Hdr.JobId = modelFarPSJob
+		return " (job whose PS is behind another switch port)"
+	case forgeUnadmitted:
+		f.Hdr.JobId = modelUnadmitted
+		return " (job never admitted)"
+	}
+	return ""
+}
+
 // result mirrors handle_result for a RESULT that parses (arriving at loIfindex): job 0 is
 // malformed; only the admitted job's PS (address, UDP port, switch port) may send it; it frees a
 // slot aggregating its <job, seq>.
@@ -477,20 +513,8 @@ func TestSwitchModel(t *testing.T) {
 					desc = fmt.Sprintf("PS result job %d seq %d idx %d", job, sq, idx)
 					if r.IntN(6) == 0 {
 						// A forged copy, before the real one: not from the job's PS.
-						switch r.IntN(4) {
-						case 0:
-							f.SrcPort = aggPort + 1 + uint16(r.IntN(100))
-							desc += " (from another UDP port of the PS)"
-						case 1:
-							f.SrcIP = workerIP(uint8(r.IntN(int(fans[job]))))
-							desc += " (from a worker)"
-						case 2:
-							f.Hdr.JobId = modelFarPSJob
-							desc += " (for a job whose PS is behind another switch port)"
-						case 3:
-							f.Hdr.JobId = modelUnadmitted
-							desc += " (for a job never admitted)"
-						}
+						desc += forgeResult(&f, []int{forgeOtherPort, forgeFromWorker, forgeFarPS, forgeUnadmitted}[r.IntN(4)],
+							uint8(r.IntN(int(fans[job]))), uint16(r.IntN(100)))
 					} else {
 						psQueue = psQueue[1:]
 						done[fr] = true
