@@ -1,6 +1,7 @@
 package hostlib
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -400,29 +401,48 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 // build splits an iteration's gradients into hot packets for the switch (with an empty marker
 // when there is none) and cold packets for the PS (at least one, so the PS knows this worker is
 // done).
-func (w *SparseWorker) build(iter uint32, keys []uint64, vals []float32) (*sparseIter, error) {
-	type hotPair struct {
-		rank uint32
-		q    int32
+// hotPair is a hot gradient as the switch takes it.
+type hotPair struct {
+	rank uint32
+	q    int32
+}
+
+// distinct returns an ErrConfig error naming a key that appears twice. Sorted keys (what a
+// sparse gradient's coalesced indices are) are checked in one pass; others through a set.
+func distinct(keys []uint64) error {
+	if slices.IsSorted(keys) {
+		for i := 1; i < len(keys); i++ {
+			if keys[i] == keys[i-1] {
+				return fmt.Errorf("%w: key %d twice", ErrConfig, keys[i])
+			}
+		}
+		return nil
 	}
-	var (
-		hot   []hotPair
-		ranks []uint32
-		cold  []int
-	)
 	seen := make(map[uint64]struct{}, len(keys))
-	for i, k := range keys {
+	for _, k := range keys {
 		if _, dup := seen[k]; dup {
-			return nil, fmt.Errorf("%w: key %d twice in iteration %d", ErrConfig, k, iter)
+			return fmt.Errorf("%w: key %d twice", ErrConfig, k)
 		}
 		seen[k] = struct{}{}
+	}
+	return nil
+}
+
+func (w *SparseWorker) build(iter uint32, keys []uint64, vals []float32) (*sparseIter, error) {
+	if err := distinct(keys); err != nil {
+		return nil, fmt.Errorf("%w in iteration %d", err, iter)
+	}
+	var (
+		hot  []hotPair
+		cold []int
+	)
+	for i, k := range keys {
 		if w.cfg.Hot != nil {
 			if r, ok := w.cfg.Hot.Rank(k); ok {
 				// A hot value must fit the fixed point with room for W of them in an int32;
 				// one that does not (or is not finite) goes to the PS, exact in float32.
 				if q, ok := Quantize(vals[i], w.cfg.ScaleLog2); ok && int64(q) <= w.bound && int64(q) >= -w.bound {
 					hot = append(hot, hotPair{r, q})
-					ranks = append(ranks, r)
 					continue
 				}
 			}
@@ -434,14 +454,10 @@ func (w *SparseWorker) build(iter uint32, keys []uint64, vals []float32) (*spars
 	if w.cfg.Hot != nil {
 		version = w.cfg.Hot.Version
 		// Ranks ascending (hottest first) before packing: Algorithm 1 walks them in that order.
-		order := make([]int, len(hot))
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortFunc(order, func(a, b int) int { return int(hot[a].rank) - int(hot[b].rank) })
-		sorted := make([]uint32, len(order))
-		for i, o := range order {
-			sorted[i] = ranks[o]
+		slices.SortFunc(hot, func(a, b hotPair) int { return cmp.Compare(a.rank, b.rank) })
+		sorted := make([]uint32, len(hot))
+		for i, hp := range hot {
+			sorted[i] = hp.rank
 		}
 		per := hotPairs(w.cfg.MTU)
 		var pkts [][]int
@@ -462,8 +478,7 @@ func (w *SparseWorker) build(iter uint32, keys []uint64, vals []float32) (*spars
 			b := w.packet(wire.EncSparseKV, iter, version, uint32(i), len(pkts), len(p))
 			pairs := b[wire.HdrSize+wire.SparseHdrSize:]
 			for j, idx := range p {
-				hp := hot[order[idx]]
-				wire.PutKV(pairs, j, hp.rank, hp.q)
+				wire.PutKV(pairs, j, hot[idx].rank, hot[idx].q)
 			}
 			it.pkts = append(it.pkts, b)
 			w.st.hotPairs.Add(uint64(len(p)))
