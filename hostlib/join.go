@@ -83,30 +83,41 @@ func (w *Worker) Leave(ctx context.Context, sw netip.AddrPort, mac net.HardwareA
 	return w.control(ctx, wire.MsgLeave, sw, mac)
 }
 
-func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac net.HardwareAddr) error {
-	if len(w.cfg.JobKey) != ctlauth.KeySize {
-		return fmt.Errorf("%w: JobKey has %d bytes: control messages need the job's %d-byte key (`xdpagg job add` prints it)",
-			ErrConfig, len(w.cfg.JobKey), ctlauth.KeySize)
+// controlRequest checks a worker's control message to the switch agent sw and encodes it,
+// trailer not yet added: the header (with a fresh nonce as seq) and, for JOIN and LEAVE, the body
+// naming mac. It returns the message, its nonce and sw unmapped to IPv4.
+func controlRequest(typ uint8, job uint32, worker, fan uint8, key []byte, sw netip.AddrPort, mac net.HardwareAddr) ([]byte, uint32, netip.AddrPort, error) {
+	withBody := typ == wire.MsgJoin || typ == wire.MsgLeave // RESET and HALT have none
+	if len(key) != ctlauth.KeySize {
+		return nil, 0, sw, fmt.Errorf("%w: JobKey has %d bytes: control messages need the job's %d-byte key (`xdpagg job add` prints it)",
+			ErrConfig, len(key), ctlauth.KeySize)
 	}
-	if len(mac) != 6 && typ != wire.MsgReset && typ != wire.MsgHalt {
-		return fmt.Errorf("%w: MAC %v: need a 6-byte Ethernet address", ErrConfig, mac)
+	if withBody && len(mac) != 6 {
+		return nil, 0, sw, fmt.Errorf("%w: MAC %v: need a 6-byte Ethernet address", ErrConfig, mac)
 	}
 	sw = netip.AddrPortFrom(sw.Addr().Unmap(), sw.Port())
 	if !sw.Addr().Is4() || sw.Addr().IsUnspecified() || sw.Port() == 0 {
-		return fmt.Errorf("%w: switch %v: use the switch's IPv4 address on this worker's subnet and the xdpagg port", ErrConfig, sw)
+		return nil, 0, sw, fmt.Errorf("%w: switch %v: use the switch's IPv4 address on this worker's subnet and the xdpagg port", ErrConfig, sw)
 	}
 	nonce := uint32(time.Now().UnixNano())
-	h := wire.Header{Version: wire.Version, Type: typ, JobId: w.cfg.JobID, Seq: nonce,
-		FanIn0: w.cfg.NumWorkers, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID}
-	var body bpf.XdpaggJoinBody // result_ip 0: the switch uses the job's admitted PS
-	copy(body.Mac[:], mac)
+	h := wire.Header{Version: wire.Version, Type: typ, JobId: job, Seq: nonce, FanIn0: fan, WorkerId: worker, Bitmap0: 1 << worker}
 	msg := make([]byte, wire.HdrSize, wire.HdrSize+12+ctlauth.TrailerSize)
 	wire.EncodeHeader(msg, &h)
-	var err error
-	if typ == wire.MsgJoin || typ == wire.MsgLeave { // JOIN and LEAVE carry the body; RESET and HALT none
+	if withBody {
+		var body bpf.XdpaggJoinBody // result_ip 0: the switch uses the job's admitted PS
+		copy(body.Mac[:], mac)
+		var err error
 		if msg, err = binary.Append(msg, binary.LittleEndian, &body); err != nil {
-			return fmt.Errorf("encode control body: %w", err)
+			return nil, 0, sw, fmt.Errorf("encode control body: %w", err)
 		}
+	}
+	return msg, nonce, sw, nil
+}
+
+func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac net.HardwareAddr) error {
+	msg, nonce, sw, err := controlRequest(typ, w.cfg.JobID, w.cfg.WorkerID, w.cfg.NumWorkers, w.cfg.JobKey, sw, mac)
+	if err != nil {
+		return err
 	}
 	pkt := make([]byte, 0, len(msg)+ctlauth.TrailerSize)
 

@@ -190,23 +190,9 @@ func (w *SparseWorker) SetHot(h *sparse.HotSet) { w.cfg.Hot = h }
 // Join registers this worker with the switch's agent (as Worker.Join does), so the switch
 // forwards the PS's updates to it. Synchronous: Step must not run meanwhile.
 func (w *SparseWorker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
-	if len(w.cfg.JobKey) != ctlauth.KeySize {
-		return fmt.Errorf("%w: JobKey has %d bytes, want %d", ErrConfig, len(w.cfg.JobKey), ctlauth.KeySize)
-	}
-	if len(mac) != 6 {
-		return fmt.Errorf("%w: MAC %v", ErrConfig, mac)
-	}
-	sw = netip.AddrPortFrom(sw.Addr().Unmap(), sw.Port())
-	nonce := uint32(time.Now().UnixNano())
-	h := wire.Header{Version: wire.Version, Type: wire.MsgJoin, JobId: w.cfg.JobID, Seq: nonce,
-		FanIn0: w.cfg.NumWorkers, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID}
-	var body bpf.XdpaggJoinBody
-	copy(body.Mac[:], mac)
-	msg := make([]byte, wire.HdrSize, wire.HdrSize+12)
-	wire.EncodeHeader(msg, &h)
-	msg, err := binary.Append(msg, binary.LittleEndian, &body)
+	msg, nonce, sw, err := controlRequest(wire.MsgJoin, w.cfg.JobID, w.cfg.WorkerID, w.cfg.NumWorkers, w.cfg.JobKey, sw, mac)
 	if err != nil {
-		return fmt.Errorf("encode JOIN: %w", err)
+		return err
 	}
 	var replay ctlauth.Replay[netip.AddrPort]
 	wait := 50 * time.Millisecond
