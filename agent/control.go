@@ -534,13 +534,7 @@ func (c *ControlServer) sendHaltFrom(job uint32, worker uint8, seq uint32, key [
 	if err != nil {
 		return err
 	}
-	dst := net.UDPAddrFromAddrPort(to)
-	if src != nil && !src.IsUnspecified() {
-		_, err = c.conn.WriteTo(out, &ipv4.ControlMessage{Src: src}, dst)
-	} else {
-		_, err = c.conn.WriteTo(out, nil, dst)
-	}
-	return err
+	return c.sendFrom(out, to, src)
 }
 
 // portAddress is the switch's IPv4 address on a port (nil: none, or unknown).
@@ -575,10 +569,13 @@ func (c *ControlServer) ack(h wire.Header, key []byte, to netip.AddrPort) error 
 }
 
 // send writes an answer to `to`, from the address the message being handled was sent to.
-func (c *ControlServer) send(b []byte, to netip.AddrPort) error {
+func (c *ControlServer) send(b []byte, to netip.AddrPort) error { return c.sendFrom(b, to, c.replySrc) }
+
+// sendFrom writes b to `to` from address src (nil or unspecified: the kernel's choice).
+func (c *ControlServer) sendFrom(b []byte, to netip.AddrPort, src net.IP) error {
 	dst := net.UDPAddrFromAddrPort(to)
-	if c.replySrc != nil && !c.replySrc.IsUnspecified() {
-		_, err := c.conn.WriteTo(b, &ipv4.ControlMessage{Src: c.replySrc}, dst)
+	if src != nil && !src.IsUnspecified() {
+		_, err := c.conn.WriteTo(b, &ipv4.ControlMessage{Src: src}, dst)
 		return err
 	}
 	_, err := c.raw.WriteTo(b, dst)
