@@ -134,17 +134,11 @@ func Sparse(ctx context.Context, o SparseOptions) (*SparseResult, error) {
 	defer say("")
 
 	// Hot set: Zebra's sampling method and Principle 1 within the job's registers.
-	sampleFreq := sparse.SampledFrequency(full.Iters, o.Sample, 1)
-	ranking := sparse.RankByFrequency(sampleFreq)
-	mem := uint64(o.Arrays) * uint64(bpf.RegSlots) * 4
-	k, _, _, err := sparse.ChooseK(sparse.Frequencies(ranking, sampleFreq), o.P, 1, mem)
+	hot, _, err := sparse.OfflineHotSet(full.Iters, o.Sample, 1, o.P, 1, uint64(o.Arrays)*uint64(bpf.RegSlots)*4, 1)
 	if err != nil {
 		return nil, err
 	}
-	hot, err := sparse.NewHotSet(1, ranking[:k])
-	if err != nil {
-		return nil, err
-	}
+	k := hot.Len()
 	res.HotKeys = k
 
 	// Fig. 9 / Table II: identification precision against the full trace's own ranking.
@@ -214,7 +208,7 @@ func Sparse(ctx context.Context, o SparseOptions) (*SparseResult, error) {
 	perm := sparse.Permutation(k, 3)
 	shuffled := make(sparse.Ranking, k)
 	for i, p := range perm {
-		shuffled[p] = ranking[i]
+		shuffled[p] = hot.Key(uint32(i))
 	}
 	randomHot, err := sparse.NewHotSet(1, shuffled)
 	if err != nil {

@@ -100,3 +100,23 @@ func TestNilHotSetIsEmpty(t *testing.T) {
 		t.Error("nil HotSet has a hot key")
 	}
 }
+
+func TestOfflineHotSet(t *testing.T) {
+	// Key 1 in every batch, key 2 in half, keys 10+ once each: with p = 0.5 the hottest key takes
+	// enough; the memory cap of 4 bytes allows one key whatever p asks.
+	var iters [][][]uint64
+	for i := range 10 {
+		b := []uint64{1, uint64(10 + i)}
+		if i%2 == 0 {
+			b = append(b, 2)
+		}
+		iters = append(iters, [][]uint64{b})
+	}
+	h, share, err := OfflineHotSet(iters, 1, 1, 0.4, 1, 1<<20, 7)
+	if err != nil || h.Version != 7 || h.Len() != 1 || h.Key(0) != 1 || share < 0.4 {
+		t.Fatalf("OfflineHotSet = %v keys %v, share %v, %v", h.Len(), h.Keys(), share, err)
+	}
+	if h, _, err := OfflineHotSet(iters, 1, 1, 0.9, 1, 4, 1); err != nil || h.Len() != 1 {
+		t.Fatalf("capped by memory: %v keys, %v", h.Len(), err)
+	}
+}

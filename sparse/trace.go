@@ -79,3 +79,19 @@ func SampledFrequency(iters [][][]uint64, rate float64, seed uint64) map[uint64]
 	}
 	return frequencyOf(all[:s])
 }
+
+// OfflineHotSet is Zebra's sampling-based offline identification: rank keys by frequency in a
+// seeded sample `rate` of the batches (SampledFrequency), then choose k by Principle 1 (ChooseK:
+// the smallest k whose keys take share p of the sample's updates, within c·memBytes of 4-byte
+// registers). It returns the hot set (at version), and the share of the sample's updates its
+// keys take.
+func OfflineHotSet(iters [][][]uint64, rate float64, seed uint64, p, c float64, memBytes uint64, version uint32) (*HotSet, float64, error) {
+	freq := SampledFrequency(iters, rate, seed)
+	ranking := RankByFrequency(freq)
+	k, share, _, err := ChooseK(Frequencies(ranking, freq), p, c, memBytes)
+	if err != nil {
+		return nil, 0, err
+	}
+	h, err := NewHotSet(version, ranking[:k])
+	return h, share, err
+}

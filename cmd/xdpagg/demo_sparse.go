@@ -80,18 +80,11 @@ func runSparseDemo(ctx context.Context, o sparseDemoOptions, stdout io.Writer) e
 	// Offline hot identification: rank by a sample of the batches, k by Principle 1 within the
 	// job's registers (c = 1 of m·r·4 bytes).
 	freq := sparse.Frequency(tr.Iters)
-	sampleFreq := sparse.SampledFrequency(tr.Iters, o.sample, 1)
-	ranking := sparse.RankByFrequency(sampleFreq)
-	counts := sparse.Frequencies(ranking, sampleFreq)
-	mem := uint64(o.arrays) * uint64(bpf.RegSlots) * 4
-	k, share, _, err := sparse.ChooseK(counts, o.p, 1, mem)
+	hot, share, err := sparse.OfflineHotSet(tr.Iters, o.sample, 1, o.p, 1, uint64(o.arrays)*uint64(bpf.RegSlots)*4, 1)
 	if err != nil {
 		return err
 	}
-	hot, err := sparse.NewHotSet(1, ranking[:k])
-	if err != nil {
-		return err
-	}
+	k := hot.Len()
 	rep.HotKeys, rep.PrincipleShare = k, share
 	progress("trace %s: %d iterations, %d workers, %d keys touched; hot set: top %d keys of a %.0f%% sample (they take %.0f%% of its updates; Principle 1 with p=%.2f, %d registers)",
 		o.trace, len(tr.Iters), o.workers, len(freq), k, 100*o.sample, 100*share, o.p, o.arrays*int(bpf.RegSlots))
