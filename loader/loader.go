@@ -183,14 +183,7 @@ func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
 
 // Load loads the switch programs and maps into the kernel. Nothing is attached yet.
 func Load(cfg Config) (*Switch, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
-	}
-	spec, err := Spec(cfg)
+	cfg, spec, err := prepare(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +193,20 @@ func Load(cfg Config) (*Switch, error) {
 	}
 	s.Maps = maps.New(&s.Objects)
 	return s, nil
+}
+
+// prepare is what Load and Adopt do first: defaults, validation, the memlock limit, and the spec
+// with the configuration applied.
+func prepare(cfg Config) (Config, *ebpf.CollectionSpec, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, nil, err
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return cfg, nil, fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+	spec, err := Spec(cfg)
+	return cfg, spec, err
 }
 
 // ErrIncompatible: the pinned switch a restart would adopt does not fit the configuration (a
@@ -214,17 +221,10 @@ var ErrIncompatible = errors.New("pinned switch state does not fit this configur
 // the retransmit-cache ring, the phantom queues) start empty. The configuration must match what
 // the pinned maps were made with (pool size, register arrays): ErrIncompatible otherwise.
 func Adopt(cfg Config, dir string) (*Switch, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if err := CheckBPFFS(filepath.Dir(filepath.Clean(dir))); err != nil {
 		return nil, err
 	}
-	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
-	}
-	spec, err := Spec(cfg)
+	cfg, spec, err := prepare(cfg)
 	if err != nil {
 		return nil, err
 	}
