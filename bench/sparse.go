@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"net/netip"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -400,13 +399,7 @@ func runSparsePSOnly(ctx context.Context, o SparseOptions, tr *workload.Trace) (
 		start := time.Now()
 		for it := range tr.Iters {
 			keys, vals := gradients(tr, it)
-			var wg sync.WaitGroup
-			errs := make([]error, w)
-			for i := range ws {
-				wg.Go(func() { _, errs[i] = ws[i].Step(ctx, iter, keys[i], vals[i]) })
-			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
+			if _, err := testbed.StepAll(ctx, ws, iter, keys, vals); err != nil {
 				return 0, err
 			}
 			iter++

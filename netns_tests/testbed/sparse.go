@@ -136,14 +136,24 @@ func (b *Bed) SparseJob(id uint32) *SparseJob {
 // Step runs one iteration on every worker of the job at once: keys[i] and vals[i] are worker i's
 // gradients. It returns each worker's update.
 func (j *SparseJob) Step(ctx context.Context, iter uint32, keys [][]uint64, vals [][]float32) ([]hostlib.Update, error) {
-	out := make([]hostlib.Update, len(j.Workers))
-	errs := make([]error, len(j.Workers))
+	ups, err := StepAll(ctx, j.Workers, iter, keys, vals)
+	if err != nil {
+		return ups, fmt.Errorf("job %d: %w", j.Spec.ID, err)
+	}
+	return ups, nil
+}
+
+// StepAll runs iteration iter on every worker at once (worker i pushes keys[i], vals[i]) and
+// returns each one's update.
+func StepAll(ctx context.Context, workers []*hostlib.SparseWorker, iter uint32, keys [][]uint64, vals [][]float32) ([]hostlib.Update, error) {
+	out := make([]hostlib.Update, len(workers))
+	errs := make([]error, len(workers))
 	var wg sync.WaitGroup
-	for i, w := range j.Workers {
+	for i, w := range workers {
 		wg.Go(func() {
 			out[i], errs[i] = w.Step(ctx, iter, keys[i], vals[i])
 			if errs[i] != nil {
-				errs[i] = fmt.Errorf("job %d worker %d iteration %d: %w", j.Spec.ID, i, iter, errs[i])
+				errs[i] = fmt.Errorf("worker %d iteration %d: %w", i, iter, errs[i])
 			}
 		})
 	}
