@@ -302,25 +302,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 	defer func() { gcCancel(); <-gcDone }()
 
-	var srv *http.Server
 	metricsAddr := ""
 	if cfg.MetricsAddr != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(NewCollector(sw.Maps).WithControl(ctrl))
-		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		addr, stop, err := ServeMetrics(cfg.MetricsAddr, log, NewCollector(sw.Maps).WithControl(ctrl))
 		if err != nil {
-			return fmt.Errorf("%w: metrics address %q: %w", ErrConfig, cfg.MetricsAddr, err)
+			return err
 		}
-		metricsAddr = ln.Addr().String()
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server", "err", err)
-			}
-		}()
-		defer srv.Close()
+		defer stop()
+		metricsAddr = addr
 		log.Info("metrics", "addr", metricsAddr)
 	}
 
@@ -372,4 +361,24 @@ func lockSwitch(root, name string) (func(), error) {
 		return nil, fmt.Errorf("lock the switch %s: %w", p, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// ServeMetrics serves the collectors at http://addr/metrics (a registry of their own) until the
+// returned stop is called; it returns the address it listens on (addr may have port 0).
+func ServeMetrics(addr string, log *slog.Logger, cs ...prometheus.Collector) (string, func(), error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(cs...)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: metrics address %q: %w", ErrConfig, addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
+		}
+	}()
+	return ln.Addr().String(), func() { srv.Close() }, nil
 }

@@ -3,13 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -17,9 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
+	"github.com/xdpagg/xdpagg/agent"
 	"github.com/xdpagg/xdpagg/controller"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/wire"
@@ -93,21 +88,11 @@ func runController(args []string, stdout io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(controller.NewCollector(m))
-		ln, err := net.Listen("tcp", *metrics)
+		_, stopMetrics, err := agent.ServeMetrics(*metrics, log, controller.NewCollector(m))
 		if err != nil {
-			return fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, *metrics, err)
+			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server", "err", err)
-			}
-		}()
-		defer srv.Close()
+		defer stopMetrics()
 	}
 	if *status != "" {
 		go func() {
