@@ -339,29 +339,23 @@ func ParsePacket(b []byte) (h Header, values []byte, err error) {
 		return h, b[HdrSize:], nil
 	}
 	n := int(h.Count)
-	if !Sparse(h.Encoding) || h.Type == MsgPull {
-		if h.Type == MsgPull {
-			if h.Encoding != EncSparseKV {
-				return h, nil, ErrEncoding
-			}
-		} else {
-			if n == 0 || n > MaxValues {
-				return h, nil, ErrCount
-			}
-			if len(b) != HdrSize+4*n {
-				return h, nil, ErrLength
-			}
-			if !KnownEncoding(h.Encoding) {
-				return h, nil, ErrEncoding
-			}
-			if h.JobId == 0 {
-				return h, nil, ErrJob
-			}
-			if err := checkLevel(&h); err != nil {
-				return h, nil, err
-			}
-			return h, b[HdrSize:], nil
+	if !Sparse(h.Encoding) && h.Type != MsgPull {
+		if n == 0 || n > MaxValues {
+			return h, nil, ErrCount
 		}
+		if len(b) != HdrSize+4*n {
+			return h, nil, ErrLength
+		}
+		if !KnownEncoding(h.Encoding) {
+			return h, nil, ErrEncoding
+		}
+		if h.JobId == 0 {
+			return h, nil, ErrJob
+		}
+		if err := checkLevel(&h); err != nil {
+			return h, nil, err
+		}
+		return h, b[HdrSize:], nil
 	}
 	// Sparse: hot pairs in DATA and PULL, cold pairs in DATA and RESULT.
 	psize, pmax := KVPairSize, SparseMaxPairs
