@@ -1,0 +1,139 @@
+// Package mgmt is a switch's management channel: the controller's authenticated and encrypted
+// TCP connection to one agent (`xdpagg switch --mgmt-listen`), over which it admits, resets and
+// removes jobs, reads the switch's state (a Snapshot), writes a snapshot into another switch
+// (Restore) and drains a switch (takes its host ports down so that dual-homed hosts move to the
+// standby). Frames are sealed with AES-256-GCM under a key derived from the switch's controller
+// key (`xdpagg switch --controller-key-file`), so job keys inside snapshots never cross the
+// management network in the clear, and every request carries a fresh stamp.
+//
+// The package never logs and never exits: errors are %w-wrapped, with the sentinels below.
+//
+// This file fixes the API shared by the agent (Handler) and the controller (Client).
+package mgmt
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"time"
+)
+
+// Sentinels.
+var (
+	// ErrAuth: a frame that does not open under the key, or a stale or replayed stamp.
+	ErrAuth = errors.New("management frame not authentic")
+	// ErrRefused: the agent understood the request and refused it (the error text says why).
+	ErrRefused = errors.New("refused by the switch")
+	// ErrIncompatible: a snapshot that does not fit this switch (pool size, register arrays,
+	// a port name it does not have).
+	ErrIncompatible = errors.New("snapshot does not fit this switch")
+)
+
+// DefaultPort is the agent's management TCP port.
+const DefaultPort = 9520
+
+// Job is a job's admission as the controller makes it on every switch of its group.
+type Job struct {
+	ID        uint32         `json:"id"`
+	Workers   uint8          `json:"workers"`
+	PS        netip.AddrPort `json:"ps"`                 // the PS's IPv4 address and UDP port
+	PSPort    string         `json:"ps_port"`            // switch port name the PS is behind (same name on primary and standby)
+	MaxSlots  uint32         `json:"max_slots"`          // 0: the switch's default quota
+	RegArrays uint16         `json:"reg_arrays"`         // sparse jobs: register arrays; 0 dense
+	Key       []byte         `json:"key"`                // the job's 32-byte control key
+	Threshold uint8          `json:"threshold,omitzero"` // reserved for asynchronous aggregation (H); 0 = Workers
+}
+
+// Member is one bound worker: the `workers` binding and the `members` egress entry together.
+type Member struct {
+	Job     uint32           `json:"job"`
+	Worker  uint8            `json:"worker"`
+	Port    string           `json:"port"` // switch port name (ports are matched by name across switches)
+	Addr    netip.AddrPort   `json:"addr"` // the worker's IPv4 address and UDP port
+	MAC     net.HardwareAddr `json:"mac"`
+	PortMAC net.HardwareAddr `json:"port_mac,omitempty"`
+}
+
+// Slot is one aggregator slot in use, as the map holds it (struct slot without its lock).
+// Idle is its age when read (the datapath's clock is per machine, so Restore rebases it).
+type Slot struct {
+	Index uint32        `json:"index"`
+	Value []byte        `json:"value"` // struct slot bytes, lock zeroed
+	Idle  time.Duration `json:"idle_ns"`
+}
+
+// Raw is one entry of another map moved verbatim (sparse registers and iteration records).
+type Raw struct {
+	Map   string `json:"map"`
+	Key   []byte `json:"key"`
+	Value []byte `json:"value"`
+}
+
+// Scope says how much a Snapshot reads.
+type Scope uint8
+
+const (
+	// ScopeControl: jobs and members only (cheap; the controller's periodic replica).
+	ScopeControl Scope = iota
+	// ScopeAll: also slots, sparse registers and records, and the retransmit cache.
+	ScopeAll
+)
+
+// Snapshot is what the controller moves from one switch to another.
+type Snapshot struct {
+	Switch   string    `json:"switch"` // the agent's --name
+	Taken    time.Time `json:"taken"`
+	Scope    Scope     `json:"scope"`
+	Pool     uint32    `json:"pool"`
+	Arrays   uint32    `json:"reg_arrays"`
+	Jobs     []Job     `json:"jobs"`
+	Members  []Member  `json:"members"`
+	Slots    []Slot    `json:"slots,omitempty"`
+	Sparse   []Raw     `json:"sparse,omitempty"`
+	Cache    [][]byte  `json:"cache,omitempty"` // struct result_rec records of the retransmit cache
+	Draining bool      `json:"draining"`        // the switch was drained before this was read
+}
+
+// RestoreStats says what a Restore wrote.
+type RestoreStats struct {
+	Jobs, Members, Slots, Sparse, Cache int
+	Skipped                             int // entries that did not apply (e.g. a job already admitted with another key)
+}
+
+// Handler is what an agent does for the controller; the agent implements it, Serve calls it.
+type Handler interface {
+	Admit(Job) error
+	Remove(id uint32) error
+	Reset(id uint32) error
+	Snapshot(Scope) (*Snapshot, error)
+	Restore(*Snapshot) (RestoreStats, error)
+	Drain() error // take every host port down; maps stay readable; heartbeats keep answering
+}
+
+// Client is the controller's side of one switch's management channel.
+type Client struct {
+	addr netip.AddrPort
+	key  []byte
+}
+
+// Dial returns a client of the agent at addr under the switch's controller key. Connections are
+// made per call (and re-made after a failure), so a Client outlives agent restarts.
+func Dial(addr netip.AddrPort, key []byte) (*Client, error) {
+	return &Client{addr: addr, key: append([]byte(nil), key...)}, nil
+}
+
+var errUnbuilt = errors.New("mgmt: not built yet")
+
+func (c *Client) Admit(ctx context.Context, j Job) error                   { return errUnbuilt }
+func (c *Client) Remove(ctx context.Context, id uint32) error              { return errUnbuilt }
+func (c *Client) Reset(ctx context.Context, id uint32) error               { return errUnbuilt }
+func (c *Client) Snapshot(ctx context.Context, s Scope) (*Snapshot, error) { return nil, errUnbuilt }
+func (c *Client) Restore(ctx context.Context, s *Snapshot) (RestoreStats, error) {
+	return RestoreStats{}, errUnbuilt
+}
+func (c *Client) Drain(ctx context.Context) error { return errUnbuilt }
+func (c *Client) Close() error                    { return nil }
+
+// Serve answers management connections on ln with h until ctx ends.
+func Serve(ctx context.Context, ln net.Listener, key []byte, h Handler) error { return errUnbuilt }
