@@ -338,9 +338,11 @@ func (g *Manager) snapshotSparse(s *mgmt.Snapshot, j maps.Job) error {
 }
 
 // Restore writes another switch's snapshot here: its jobs are admitted (or found admitted with
-// the same key and parameters), its members bound behind the ports of the same names, its slots
+// the same key and parameters), its members bound behind the ports of the same names (worker ids
+// bound here already keep their bindings), its slots
 // written into the same indexes where those are free here (ages kept: their timestamps are
-// rebased on this switch's datapath clock), sparse registers and records, and cached results.
+// rebased on this switch's datapath clock), sparse registers and records where the job has
+// none here yet (both iteration records empty), and cached results.
 // What belongs to a job admitted here with another key, and slots this switch uses, are skipped
 // and counted. A snapshot of another pool size or register array count, or naming a port this
 // switch does not have, is refused with mgmt.ErrIncompatible before anything is written.
@@ -388,6 +390,18 @@ func (g *Manager) Restore(s *mgmt.Snapshot) (mgmt.RestoreStats, error) {
 			continue
 		}
 		p, _ := g.portByName(mb.Port)
+		// A worker id bound here already keeps its binding (it joined this switch itself, which
+		// is newer than any snapshot); the same binding is a member restored before.
+		if have, err := g.maps.Worker(mb.Job, mb.Worker); err == nil {
+			if have.Ifindex == uint32(p.Ifindex) && have.Addr == mb.Addr {
+				st.Members++
+			} else {
+				st.Skipped++
+			}
+			continue
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return st, err
+		}
 		err := g.maps.PutMember(maps.Member{JobID: mb.Job, WorkerID: mb.Worker, Ifindex: uint32(p.Ifindex), Addr: mb.Addr, MAC: mb.MAC, PortMAC: p.MAC})
 		if errors.Is(err, maps.ErrBadMember) {
 			st.Skipped++
@@ -474,14 +488,27 @@ func (g *Manager) restoreSlots(s *mgmt.Snapshot, ours map[uint32]maps.Job, st *m
 	return nil
 }
 
+// restoreSparse writes sparse jobs' registers and iteration records, only of jobs whose records
+// here are both empty: a job that has started an iteration on this switch keeps its own state.
 func (g *Manager) restoreSparse(s *mgmt.Snapshot, ours map[uint32]maps.Job, st *mgmt.RestoreStats) error {
+	fresh := map[uint32]bool{}
+	for id, j := range ours {
+		if j.RegArrays == 0 {
+			continue
+		}
+		rec, err := g.maps.SparseRecords(id)
+		if err != nil {
+			return err
+		}
+		fresh[id] = rec.It[0].State == 0 && rec.It[1].State == 0
+	}
 	for _, r := range s.Sparse {
 		var job uint32
 		if len(r.Key) >= 4 {
 			job = binary.LittleEndian.Uint32(r.Key)
 		}
 		j, ok := ours[job]
-		if !ok || j.RegArrays == 0 {
+		if !ok || !fresh[job] {
 			st.Skipped++
 			continue
 		}
