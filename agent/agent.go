@@ -321,13 +321,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		mgmtSrv, mgmtAddr = srv, ln.Addr().String()
 		mgmtCtx, mgmtCancel := context.WithCancel(ctx)
 		mgmtDone := make(chan error, 1)
-		go func() { mgmtDone <- srv.Serve(mgmtCtx, ln) }()
-		defer func() {
-			mgmtCancel()
-			if err := <-mgmtDone; err != nil {
-				log.Error("management channel", "err", err)
+		go func() {
+			err := srv.Serve(mgmtCtx, ln)
+			if err != nil { // the switch keeps running without it (heartbeats still work)
+				log.Error("management channel stopped", "err", err)
 			}
+			mgmtDone <- err
 		}()
+		defer func() { mgmtCancel(); <-mgmtDone }()
 		log.Info("management channel", "addr", mgmtAddr)
 	}
 	ctrlDone := make(chan error, 1)

@@ -92,21 +92,25 @@ func (s *Server) dropped(reason string, err error) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	var (
+		wg    sync.WaitGroup
 		mu    sync.Mutex
 		open  = map[net.Conn]bool{}
 		ended bool
 	)
-	closeAll := context.AfterFunc(ctx, func() {
+	closeAll := func() {
 		mu.Lock()
 		defer mu.Unlock()
 		ended = true
 		for c := range open {
 			c.Close()
 		}
-	})
+	}
+	stopAll := context.AfterFunc(ctx, closeAll)
+	defer stopAll()
+	// However Serve ends, the connections it serves end with it (a request being handled
+	// finishes first: the handler is not interrupted, only its connection).
+	defer wg.Wait()
 	defer closeAll()
 	for {
 		conn, err := ln.Accept()
