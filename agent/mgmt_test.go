@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -459,4 +460,65 @@ func TestHeartbeatOnManagementInterface(t *testing.T) {
 	wantRefused(t, c.handle(beat(4, mgKey(t)), mgmtIface, ctl.addr), RejectUnauth, "HEARTBEAT")
 	c.SetHeartbeatInterfaces(true)
 	accept(t, c, beat(5, ctlKey), notAPort, ctl.addr)
+}
+
+// TestMgmtEndToEnd: mgmt.Client to the agent's Manager over loopback TCP (listenMgmt, as Run
+// serves it): an admission and a snapshot cross the channel, a client under another key is
+// dropped and counted in xdpagg_agent_mgmt_dropped_total, every reason exported from zero.
+func TestMgmtEndToEnd(t *testing.T) {
+	s := newMgSwitch(t, "sw", 7)
+	key := mgKey(t)
+	srv, ln, err := listenMgmt("127.0.0.1:0", key, s.g, s.ctrl, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	if !s.ctrl.hbIfaces[1] {
+		t.Errorf("heartbeats not answered on the loopback interface the channel listens on: %v", s.ctrl.hbIfaces)
+	}
+	addr := ln.Addr().(*net.TCPAddr).AddrPort()
+	c, _ := mgmt.Dial(addr, key)
+	j := mgmt.Job{ID: denseJob, Workers: 2, PS: netip.MustParseAddrPort("10.9.0.2:9510"), PSPort: "p1", Key: mgKey(t)}
+	if err := c.Admit(ctx, j); err != nil {
+		t.Fatalf("Admit: %v", err)
+	}
+	snap, err := c.Snapshot(ctx, mgmt.ScopeAll)
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	if len(snap.Jobs) != 1 || !bytes.Equal(snap.Jobs[0].Key, j.Key) || snap.Jobs[0].PSPort != "p1" || snap.Pool != mgPool || snap.Arrays != mgArrays {
+		t.Errorf("snapshot %+v", snap)
+	}
+	if err := c.Admit(ctx, mgmt.Job{ID: denseJob, Workers: 2, PS: j.PS, PSPort: "p1", Key: mgKey(t)}); !errors.Is(err, mgmt.ErrRefused) {
+		t.Errorf("Admit under another key: %v, want ErrRefused", err)
+	}
+
+	bad, _ := mgmt.Dial(addr, mgKey(t))
+	if err := bad.Drain(ctx); !errors.Is(err, mgmt.ErrFrame) {
+		t.Errorf("Drain under another key: %v, want ErrFrame", err)
+	}
+	if len(s.downed) != 0 {
+		t.Errorf("ports taken down by a client without the key: %v", s.downed)
+	}
+	got := map[string]float64{}
+	for _, se := range gather(t, NewCollector(s.sw.Maps).WithMgmt(srv))["xdpagg_agent_mgmt_dropped_total"] {
+		got[se.labels["reason"]] = se.value
+	}
+	for _, r := range mgmt.BadFrameReasons() {
+		want := 0.0
+		if r == mgmt.BadFrameAuth {
+			want = 1
+		}
+		if v, ok := got[r]; !ok || v != want {
+			t.Errorf("xdpagg_agent_mgmt_dropped_total{reason=%q} = %v (%v), want %v", r, v, ok, want)
+		}
+	}
 }
