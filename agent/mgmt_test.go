@@ -522,3 +522,54 @@ func TestMgmtEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotFullPool: a ScopeAll snapshot of a full 4,096-slot pool moves every slot; its size
+// stays far under mgmt.MaxFrame. Logs the snapshot's JSON size and the times to read and write it.
+func TestSnapshotFullPool(t *testing.T) {
+	const pool = 4096
+	load := func() (*loader.Switch, *Manager) {
+		sw := bpftest.LoadSwitch(t, loader.Config{PoolSize: pool, RegArrays: mgArrays})
+		ctrl := newControl(t, sw.Maps)
+		return sw, NewManager("sw", sw.Maps, ctrl, []MgmtPort{{Name: "p1", Ifindex: 7, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 7}}}, slog.New(slog.DiscardHandler))
+	}
+	a, ga := load()
+	b, gb := load()
+	j := mgmt.Job{ID: denseJob, Workers: 3, PS: netip.MustParseAddrPort("10.9.0.2:9510"), PSPort: "p1", MaxSlots: pool, Key: mgKey(t)}
+	if err := ga.Admit(j); err != nil {
+		t.Fatal(err)
+	}
+	now, _ := a.Maps.DatapathNow()
+	for i := range uint32(pool) {
+		s := testSlot(denseJob, i, bpf.XdpaggSlotStateSLOT_COMPLETE, int32(i))
+		s.TsNs = now
+		if err := a.Maps.PutSlotLocked(i, &s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	snap, err := ga.Snapshot(mgmt.ScopeAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	js, err := json.Marshal(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Slots) != pool || len(js) > mgmt.MaxFrame/8 {
+		t.Fatalf("%d slots in %d bytes", len(snap.Slots), len(js))
+	}
+	start = time.Now()
+	st, err := gb.Restore(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("full pool of %d slots: snapshot read in %v, %.1f MB of JSON; restored in %v", pool, took.Round(time.Millisecond),
+		float64(len(js))/1e6, time.Since(start).Round(time.Millisecond))
+	if st.Slots != pool || st.Skipped != 0 {
+		t.Errorf("restore %+v, want all %d slots", st, pool)
+	}
+	if jb, _ := b.Maps.Admission(denseJob); jb.Held != pool {
+		t.Errorf("job holds %d slots after the restore, want %d", jb.Held, pool)
+	}
+}
