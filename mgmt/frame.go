@@ -28,8 +28,9 @@ import (
 // A response echoes the request's stamp, so an old response does not answer a new request.
 
 // MaxFrame bounds a frame's length (after the length prefix): a ScopeAll snapshot of a full
-// 4096-slot pool is about 18.5 MB of JSON, sparse registers add 8 KiB per array of a job (2 parities x 3 KiB, base64); 256 MiB
-// leaves room for both and still bounds what a peer can make the other side buffer.
+// 4096-slot pool is about 18.5 MB of JSON, and sparse registers add 8 KiB per array of a job (2
+// parities x 3 KiB, base64); 256 MiB leaves room for both and still bounds what a peer can make
+// the other side buffer.
 const MaxFrame = 256 << 20
 
 const (
