@@ -181,10 +181,10 @@ func TestSwitchMalformed(t *testing.T) {
 		{"ENC_SPARSE_KV data", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV })},
 		{"ENC_SPARSE_KV data with F_RESEND", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV; h.Flags = fResend })},
 		{"ENC_SPARSE_KV result", resultFrame(1, 1, 0, 2, 5, 6).with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV }))},
-		{"type 11 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 11 })},
-		{"type 11 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 11 })},
-		{"type 11 without values", base.with(func(f *frame) { f.Hdr.Type = 11; f.Hdr.Count = 0; f.Vals = nil })},
-		{"type 11 without values", base.with(func(f *frame) { f.Hdr.Type = 11; f.Hdr.Count = 0; f.Vals = nil })},
+		{"type 200 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 200 })},
+		{"type 200 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 200 })},
+		{"type 200 without values", base.with(func(f *frame) { f.Hdr.Type = 200; f.Hdr.Count = 0; f.Vals = nil })},
+		{"type 200 without values", base.with(func(f *frame) { f.Hdr.Type = 200; f.Hdr.Count = 0; f.Vals = nil })},
 		// Bytes after the IPv4 total length: an xdpagg frame is longer than Ethernet's minimum,
 		// so it never carries link padding.
 		{"1 trailing byte", base.with(func(f *frame) { f.Pad = 1 })},
@@ -230,7 +230,7 @@ func expectDropped(t *testing.T, s *sw, cases []namedFrame, verdict maps.Counter
 // untouched (every type from JOIN to HALT but the sparse read-out).
 func TestSwitchControl(t *testing.T) {
 	s := load(t, 0)
-	for typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN); typ <= uint8(bpf.XdpaggMsgTypeMSG_HALT); typ++ {
+	for typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN); typ <= uint8(bpf.XdpaggMsgTypeMSG_FBCAST); typ++ {
 		if typ == uint8(bpf.XdpaggMsgTypeMSG_PULL) {
 			continue // a sparse read-out, not a control message
 		}
