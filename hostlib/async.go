@@ -3,7 +3,6 @@ package hostlib
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
@@ -95,9 +94,6 @@ type Async struct {
 	st       AsyncStats
 	buf, own []float32
 }
-
-// ErrAsync reports a misuse of Async: a bad configuration or a gradient of the wrong size.
-var ErrAsync = errors.New("asynchronous training")
 
 // NewAsync prepares w for asynchronous rounds: from now on w keeps the results of fragments it
 // has not sent yet (at most earlyMax), so that a round that completes without it costs it

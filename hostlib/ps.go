@@ -285,9 +285,6 @@ type psAdmitted struct {
 	threshold atomic.Uint32 // H (0: the fan-in); PSJob.Threshold, PS.SetThreshold
 }
 
-// ErrThreshold: a threshold outside 1..the job's workers, or for a job the PS does not serve.
-var ErrThreshold = errors.New("bad aggregation threshold")
-
 // SetThreshold changes job's H (see PSJob.Threshold) while the PS runs: fragments completing from
 // then on complete at it. Keep it equal to the switch's (MSG_SETH, Worker.SetThreshold).
 func (p *PS) SetThreshold(job uint32, h uint8) error {
