@@ -125,18 +125,11 @@ func newWorkerAt(t *testing.T, ip string) *worker {
 func (w *worker) readAck(t *testing.T, key []byte) (wire.Header, netip.AddrPort) {
 	t.Helper()
 	var h wire.Header
-	if err := w.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 256)
-	n, from, err := w.conn.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("read ACK: %v", err)
-	}
-	if n != wire.HdrSize+ctlauth.TrailerSize {
+	b, from := w.read(t, "ACK")
+	if n := len(b); n != wire.HdrSize+ctlauth.TrailerSize {
 		t.Errorf("ACK is %d bytes, want a %d-byte header and a %d-byte trailer", n, wire.HdrSize, ctlauth.TrailerSize)
 	}
-	msg, stamp, err := ctlauth.Open(key, buf[:n])
+	msg, stamp, err := ctlauth.Open(key, b)
 	if err != nil {
 		t.Fatalf("ACK does not open under the job's key: %v", err)
 	}
@@ -152,6 +145,20 @@ func (w *worker) readAck(t *testing.T, key []byte) (wire.Header, netip.AddrPort)
 	}
 	wire.DecodeHeader(msg, &h)
 	return h, from
+}
+
+// read reads one datagram (what it should be: for the failure message).
+func (w *worker) read(t *testing.T, what string) ([]byte, netip.AddrPort) {
+	t.Helper()
+	if err := w.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	n, from, err := w.conn.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("read %s: %v", what, err)
+	}
+	return buf[:n], from
 }
 
 // noDatagram fails the test if a datagram is waiting on the worker's socket. The agent sends its
@@ -1269,15 +1276,8 @@ func TestHandleHeartbeat(t *testing.T) {
 // header and values.
 func (w *worker) readResult(t *testing.T) (wire.Header, []int32) {
 	t.Helper()
-	if err := w.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4096)
-	n, _, err := w.conn.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("read result: %v", err)
-	}
-	h, vals, err := wire.ParsePacket(buf[:n])
+	b, _ := w.read(t, "result")
+	h, vals, err := wire.ParsePacket(b)
 	if err != nil || h.Type != wire.MsgResult {
 		t.Fatalf("not a result: %+v, %v", h, err)
 	}

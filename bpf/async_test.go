@@ -41,17 +41,6 @@ func TestSwitchThreshold(t *testing.T) {
 	d := func(seq uint32, idx uint32, w uint8, base int32) frame {
 		return dataFrame(asyncJob, seq, idx, w, 4, base, base+1, -base, 7*base)
 	}
-	type hstep struct {
-		name    string
-		before  func(t *testing.T)
-		in      frame
-		verdict uint32
-		want    *frame
-		delta   cnt
-		idx     uint32
-		slot    *slotView
-		vals    []int32
-	}
 	a0, a1, a2, a3 := d(100, 3, 0, 1), d(100, 3, 1, 10), d(100, 3, 2, 100), d(100, 3, 3, 1000)
 	s012 := sum(sum(a0.Vals, a1.Vals), a2.Vals)
 	a3resend := a3.with(flags(fResend))
@@ -61,8 +50,8 @@ func TestSwitchThreshold(t *testing.T) {
 	e0, e1 := d(103, 6, 0, 4), d(103, 6, 1, 40)
 	e1resend := e1.with(flags(fResend))
 	s01e := sum(e0.Vals, e1.Vals)
-	steps := []hstep{
-		{name: "H=3: worker 0 reserves", before: setH(3), in: a0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
+	steps := []step{
+		{name: "H=3: worker 0 reserves", setup: setH(3), in: a0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
 			idx: 3, slot: view(slotAggregating, 100, 1, 1, 4), vals: a0.Vals},
 		{name: "H=3: worker 1 adds", in: a1, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
 			idx: 3, slot: view(slotAggregating, 100, 3, 2, 4), vals: sum(a0.Vals, a1.Vals)},
@@ -77,36 +66,19 @@ func TestSwitchThreshold(t *testing.T) {
 			idx: 3, slot: view(slotComplete, 100, 7, 3, 4), vals: s012},
 		{name: "H=3: worker 0 reserves the next fragment", in: b0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
 			idx: 4, slot: view(slotAggregating, 101, 1, 1, 4), vals: b0.Vals},
-		{name: "SetH 1 mid-fragment: the next contribution completes it", before: setH(1), in: b1, verdict: xdpRedirect,
+		{name: "SetH 1 mid-fragment: the next contribution completes it", setup: setH(1), in: b1, verdict: xdpRedirect,
 			want: ptr(asResult(b1, 3, fFromSwitch, s01b)), delta: cnt{rx: 1, agg: 1, done: 1},
 			idx: 4, slot: view(slotComplete, 101, 3, 2, 4), vals: s01b},
 		{name: "H=1: a first contribution completes alone", in: c2, verdict: xdpRedirect,
 			want: ptr(asResult(c2, 4, fFromSwitch, c2.Vals)), delta: cnt{rx: 1, agg: 1, done: 1},
 			idx: 5, slot: view(slotComplete, 102, 4, 1, 4), vals: c2.Vals},
-		{name: "H=2: worker 0 reserves", before: setH(2), in: e0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
+		{name: "H=2: worker 0 reserves", setup: setH(2), in: e0, verdict: xdpDrop, delta: cnt{rx: 1, agg: 1},
 			idx: 6, slot: view(slotAggregating, 103, 1, 1, 4), vals: e0.Vals},
 		{name: "H=2: a resend that brings the second contribution completes (no flush)", in: e1resend, verdict: xdpRedirect,
 			want: ptr(asResult(e1resend, 3, fFromSwitch, s01e)), delta: cnt{rx: 1, agg: 1, done: 1},
 			idx: 6, slot: view(slotComplete, 103, 3, 2, 4), vals: s01e},
 	}
-	for i, st := range steps {
-		ok := t.Run(st.name, func(t *testing.T) {
-			if st.before != nil {
-				st.before(t)
-			}
-			out := s.runExpect(t, st.in, st.verdict)
-			if st.want != nil {
-				expectFrame(t, out, *st.want)
-			}
-			s.expectDelta(t, st.delta)
-			if st.slot != nil {
-				expectSlot(t, s.slot(t, st.idx), *st.slot, st.vals)
-			}
-		})
-		if !ok {
-			t.Fatalf("step %d (%s) failed; later steps depend on it", i, st.name)
-		}
-	}
+	runSteps(t, s, steps)
 	expectHeld(t, s, asyncJob)
 
 	// Refusals: H above the job's workers, a job not admitted, a threshold for a sparse job.

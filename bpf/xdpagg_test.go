@@ -289,6 +289,7 @@ func TestPass(t *testing.T) {
 type step struct {
 	name    string
 	before  func()
+	setup   func(t *testing.T) // like before, for what may fail
 	in      frame
 	verdict uint32
 	want    *frame // expected output frame, byte for byte
@@ -309,30 +310,36 @@ type scenario struct {
 
 func runScenarios(t *testing.T, scenarios []scenario) {
 	for _, sc := range scenarios {
-		t.Run(sc.name, func(t *testing.T) {
-			s := load(t, sc.timeout)
-			for i, st := range sc.steps {
-				ok := t.Run(st.name, func(t *testing.T) {
-					if st.before != nil {
-						st.before()
-					}
-					out := s.runExpect(t, st.in, st.verdict)
-					if st.want != nil {
-						expectFrame(t, out, *st.want)
-					}
-					s.expectDelta(t, st.delta)
-					if st.slot != nil {
-						expectSlot(t, s.slot(t, st.idx), *st.slot, st.vals)
-					}
-					if st.check != nil {
-						st.check(t, s, out)
-					}
-				})
-				if !ok {
-					t.Fatalf("step %d (%s) failed; later steps depend on it", i, st.name)
-				}
+		t.Run(sc.name, func(t *testing.T) { runSteps(t, load(t, sc.timeout), sc.steps) })
+	}
+}
+
+// runSteps runs steps on s in order, each a subtest; a failed step ends the run.
+func runSteps(t *testing.T, s *sw, steps []step) {
+	t.Helper()
+	for i, st := range steps {
+		ok := t.Run(st.name, func(t *testing.T) {
+			if st.before != nil {
+				st.before()
+			}
+			if st.setup != nil {
+				st.setup(t)
+			}
+			out := s.runExpect(t, st.in, st.verdict)
+			if st.want != nil {
+				expectFrame(t, out, *st.want)
+			}
+			s.expectDelta(t, st.delta)
+			if st.slot != nil {
+				expectSlot(t, s.slot(t, st.idx), *st.slot, st.vals)
+			}
+			if st.check != nil {
+				st.check(t, s, out)
 			}
 		})
+		if !ok {
+			t.Fatalf("step %d (%s) failed; later steps depend on it", i, st.name)
+		}
 	}
 }
 
