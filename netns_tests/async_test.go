@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -330,9 +331,10 @@ func (a *agentEnv) jobThreshold(t *testing.T, job uint32) uint8 {
 // running job's H from 3 to 2 (SETH): an allreduce of two members completes with exactly their
 // sum, and the third, late, gets that sum back (the shadow copy) without being added. Back at
 // H = 3, two members' fragment waits half-filled in the switch until one of them asks for it
-// (FBCAST): both get the partial sum from the agent, and the late third gets it too.
+// (FBCAST): both get the partial sum from the agent, and the late third gets it too. A key holder
+// on another host that is not the binding of the worker id it claims gets neither through.
 func TestSetHAndFBcast(t *testing.T) {
-	a := newAgentEnv(t, 3, 64)
+	a := newAgentEnv(t, 4, 64)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// A long retransmit timeout: the half-filled fragment must wait for the FBCAST, not be
@@ -379,6 +381,33 @@ func TestSetHAndFBcast(t *testing.T) {
 		t.Errorf("the late worker got no shadow copy: %+v", st)
 	}
 
+	// An intruder on another host holding the job's key but bound to nothing (worker id 0 is
+	// bound elsewhere) can neither change H nor, below, flush the job's fragment: the agent
+	// refuses both (not_member) and never answers.
+	var intruder *hostlib.Worker
+	ih := a.tp.Workers[3]
+	if err := a.tp.InHost(ih, func() (err error) {
+		intruder, err = hostlib.NewWorker(hostlib.WorkerConfig{JobID: j.id, WorkerID: 0, NumWorkers: 3,
+			Local: netip.AddrPortFrom(ih.IP, 9600), PS: netip.AddrPortFrom(a.tp.PS.IP, loader.DefaultPort), PoolSize: a.pool, JobKey: j.key})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer intruder.Close()
+	intrude := func(what string, f func(context.Context) error) {
+		t.Helper()
+		ictx, icancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer icancel()
+		if err := f(ictx); !errors.Is(err, hostlib.ErrTimeout) {
+			t.Errorf("intruder's %s: %v, want no acknowledgement (ErrTimeout)", what, err)
+		}
+	}
+	ihSw := netip.AddrPortFrom(ih.Gateway, loader.DefaultPort)
+	intrude("SETH", func(c context.Context) error { return intruder.SetThreshold(c, ihSw, 1) })
+	if got := a.jobThreshold(t, j.id); got != 2 {
+		t.Fatalf("threshold after the intruder's SETH: %d, want still 2", got)
+	}
+
 	// FBCAST: H = 3 again; a one-fragment allreduce of workers 0 and 1 waits half-filled.
 	control("seth", func(c context.Context) error { return j.workers[1].SetThreshold(c, sw(1), 3) })
 	if err := a.ps.SetThreshold(j.id, 0); err != nil {
@@ -408,6 +437,10 @@ func TestSetHAndFBcast(t *testing.T) {
 	if len(half) != 1 || half[0].Bitmap != 0b011 {
 		t.Fatalf("no half-filled slot of seq %d with workers 0 and 1: %+v", seq, a.jobSlots(t, j.id))
 	}
+	intrude("FBCAST", func(c context.Context) error { return intruder.FBcast(c, ihSw, seq) })
+	if sl := a.jobSlots(t, j.id); !slices.ContainsFunc(sl, func(s maps.SlotInfo) bool { return uint64(s.Seq) == seq && s.State == "aggregating" }) {
+		t.Fatalf("the intruder's FBCAST flushed the fragment: %+v", sl)
+	}
 	control("fbcast", func(c context.Context) error { return j.workers[0].FBcast(c, sw(0), seq) })
 	for range 2 {
 		if err := <-errs; err != nil {
@@ -424,6 +457,9 @@ func TestSetHAndFBcast(t *testing.T) {
 		if uint64(s.Seq) == seq && (s.State != "complete" || s.Bitmap != 0b011) {
 			t.Errorf("the flushed slot: %+v, want complete with workers 0 and 1", s)
 		}
+	}
+	if log := a.sw.stderr.String(); strings.Count(log, "reason=not_member") < 1 {
+		t.Errorf("the agent logged no refusal of the intruder:\n%s", log)
 	}
 	// And the job goes on, synchronous and exact.
 	reduceExact(ctx, t, j, 2, 5000, 13)
