@@ -5,6 +5,7 @@ package bpf_test
 // BPF_PROG_TEST_RUN.
 
 import (
+	"encoding/binary"
 	"errors"
 	"testing"
 
@@ -153,4 +154,48 @@ func TestSwitchFBcast(t *testing.T) {
 	}
 	equalVals(t, "second flush", rec2.Vals[:3], s01)
 	expectHeld(t, s, asyncJob)
+}
+
+// TestSlotOpRefusals: xdpagg_gc's slot operations, run raw: an unknown operation, a threshold
+// beyond XAGG_MAX_WORKERS and a job not admitted do nothing and say so (OPS_NONE); a collection
+// (a struct gc_args-sized packet) is still a collection.
+func TestSlotOpRefusals(t *testing.T) {
+	s := load(t, 0)
+	run := func(op bpf.XdpaggSlotOp) bpf.XdpaggSlotOp {
+		t.Helper()
+		in, err := binary.Append(nil, binary.LittleEndian, &op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, out := runProg(t, s.Objects.XdpaggGc, in)
+		if got != xdpPass {
+			t.Fatalf("op %d: verdict %s", op.Op, verdictName(got))
+		}
+		var res bpf.XdpaggSlotOp
+		if _, err := binary.Decode(out, binary.LittleEndian, &res); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	none := uint32(bpf.XdpaggSlotOpStatusOPS_NONE)
+	for name, op := range map[string]bpf.XdpaggSlotOp{
+		"unknown operation":    {Op: 99, JobId: asyncJob, Threshold: 2},
+		"threshold beyond 32":  {Op: uint32(bpf.XdpaggSlotOpKindOP_SET_H), JobId: asyncJob, Threshold: 33},
+		"job not admitted":     {Op: uint32(bpf.XdpaggSlotOpKindOP_SET_H), JobId: unenrolledJob, Threshold: 2},
+		"flush of a free slot": {Op: uint32(bpf.XdpaggSlotOpKindOP_FLUSH), JobId: asyncJob, Seq: 1, AggIndex: 2},
+	} {
+		if res := run(op); res.Status != none {
+			t.Errorf("%s: status %d, want OPS_NONE", name, res.Status)
+		}
+	}
+	if j, err := s.Maps.Admission(asyncJob); err != nil || j.Threshold != 0 {
+		t.Errorf("threshold after refused operations: %d, %v", j.Threshold, err)
+	}
+	if res := run(bpf.XdpaggSlotOp{Op: uint32(bpf.XdpaggSlotOpKindOP_SET_H), JobId: asyncJob, Threshold: 32}); res.Status != uint32(bpf.XdpaggSlotOpStatusOPS_SET) {
+		t.Errorf("OP_SET_H 32: status %d", res.Status)
+	}
+	// A collection is told apart by its size.
+	if now, err := s.Maps.DatapathNow(); err != nil || now == 0 {
+		t.Errorf("collection after slot operations: %d, %v", now, err)
+	}
 }
