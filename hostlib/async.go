@@ -281,6 +281,7 @@ func (w *Worker) keepEarly(h *wire.Header, b []byte) bool {
 		return false
 	}
 	w.early[h.Seq] = bytes.Clone(b)
+	w.st.early.Add(1)
 	signal(w.earlyKick)
 	return true
 }
@@ -294,9 +295,11 @@ func (w *Worker) takeEarly(op *operation, now int64) bool {
 		return false
 	}
 	delete(w.early, seq)
+	w.st.early.Add(^uint64(0)) // it counts where applyResult says from now on
 	h, vals, err := wire.ParsePacket(b)
 	if err != nil {
-		return false // cannot happen: it parsed when kept
+		w.st.malformed.Add(1) // cannot happen: it parsed when kept
+		return false
 	}
 	off := op.next
 	f := &op.ring[off%len(op.ring)]
@@ -323,12 +326,14 @@ func (w *Worker) roundArrived(base uint64, n int) bool {
 	return true
 }
 
-// dropEarly forgets kept results below seq base (of fragments the worker is past). Called with
-// mu held.
+// dropEarly forgets kept results below seq base (of fragments the worker is past: duplicates).
+// Called with mu held.
 func (w *Worker) dropEarly(base uint64) {
 	for s := range w.early {
 		if int32(s-uint32(base)) < 0 {
 			delete(w.early, s)
+			w.st.early.Add(^uint64(0))
+			w.st.duplicates.Add(1)
 		}
 	}
 }

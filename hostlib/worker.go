@@ -159,8 +159,9 @@ const FastLossResults = 3
 
 // WorkerStats are a worker's cumulative counters. Every datagram the worker receives counts in
 // exactly one of ResultsReceived, DuplicateResults, OverflowRepairs, Malformed, Foreign,
-// Unauthenticated, Replayed and ControlAcks; ShadowResults, ResultsFromPS, Collisions and
-// CacheResults break ResultsReceived down, CacheMisses ControlAcks.
+// Unauthenticated, Replayed and ControlAcks, or, while it is kept for a fragment not sent yet
+// (Async), in EarlyResults; ShadowResults, ResultsFromPS, Collisions and CacheResults break
+// ResultsReceived down, CacheMisses ControlAcks.
 type WorkerStats struct {
 	DataSent         uint64        // DATA packets sent, retransmissions and float repairs included
 	Retransmits      uint64        // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
@@ -175,6 +176,7 @@ type WorkerStats struct {
 	CongestionWindow float64       // fragments the worker may have in flight now (AIMD), at most Window
 	MinWindow        float64       // the smallest congestion window so far
 	ResultsReceived  uint64        // results that completed a fragment
+	EarlyResults     uint64        // results held now for fragments not sent yet (Async; not cumulative)
 	DuplicateResults uint64        // results for fragments already complete or not in the running AllReduce
 	ShadowResults    uint64        // of ResultsReceived: unicast re-sends (F_SHADOW) of a completed sum
 	ResultsFromPS    uint64        // of ResultsReceived: summed by the PS (no F_FROM_SWITCH)
@@ -198,7 +200,7 @@ type WorkerStats struct {
 type workerCounters struct {
 	cacheReqs, cacheResults, cacheMisses, cacheLatNs, cacheLatN                                                         atomic.Uint64
 	ecnResults, windowCuts, cwndMilli, minCwndMilli                                                                     atomic.Uint64
-	rehashes                                                                                                            atomic.Uint64
+	rehashes, early                                                                                                     atomic.Uint64
 	foreign, unauth, replayed, ctlAcks                                                                                  atomic.Uint64
 	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
@@ -373,7 +375,7 @@ func (w *Worker) Stats() WorkerStats {
 		ECNResults:   s.ecnResults.Load(), WindowCuts: s.windowCuts.Load(),
 		Rehashes:         s.rehashes.Load(),
 		CongestionWindow: float64(s.cwndMilli.Load()) / 1000, MinWindow: float64(s.minCwndMilli.Load()) / 1000,
-		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
+		ResultsReceived: s.results.Load(), EarlyResults: s.early.Load(), DuplicateResults: s.duplicates.Load(),
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
 		GSOMessages: w.bc.gsoMsgs.Load(),
