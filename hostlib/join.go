@@ -161,6 +161,9 @@ func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac 
 					// retransmit cache first, and its answers accepted; LEAVE turns that off.
 					w.ctrl, w.ctrlSet = sw, typ == wire.MsgJoin
 					w.ctrlRaw = swRaw
+					if w.ctrlSet && w.kept == nil {
+						w.startKeeping()
+					}
 				}
 				w.mu.Unlock()
 				if got {
