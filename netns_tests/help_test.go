@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -132,4 +133,55 @@ func TestHelpRecoversFromMembers(t *testing.T) {
 	fmt.Printf("member-assisted help: %d results lost at worker 0 (every switch and PS copy), %d recovered through members "+
 		"(%d help requests, %d data resends); members answered %d; shadow_tx %d; %d rounds of %d fragments in %v\n",
 		lost, st0.CacheResults, st0.CacheRequests, st0.Retransmits, answers, after["shadow_tx"]-before["shadow_tx"], rounds, frags, elapsed.Round(time.Millisecond))
+}
+
+// iSwitch's Join, Ack and Leave end to end against `xdpagg switch`: workers JOIN over the wire
+// (the agent binds them and the switch sends them results), their cumulative ACKs let the
+// retransmit cache drop what every member has, a LEAVE removes the member, and the worker can
+// JOIN again and sum exactly. The senders' rights are the agent tests' (TestHandleJoinLeave,
+// TestHandleJoinBinding, TestHandleRefusesWorkers, TestHandleRetransmit).
+func TestJoinAckLeave(t *testing.T) {
+	const w = 3
+	env := newAgentEnv(t, w, 1024)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	job := env.startJobs(ctx, t, jobSpec{id: 14, hosts: env.tp.Workers[:w]})[0]
+	membersOf := func() map[uint8]bool {
+		got := map[uint8]bool{}
+		for _, m := range inspect(t, env.bin, env.pinRoot).Members {
+			if m.JobID == job.id {
+				got[m.WorkerID] = true
+			}
+		}
+		return got
+	}
+	if got := membersOf(); len(got) != w {
+		t.Fatalf("members after JOIN: %v, want %d", got, w)
+	}
+	reduceExact(ctx, t, job, 2, 100*K+1, 140)
+	// The ACKs reach the agent's cache: results every member acknowledged are dropped. (The
+	// agent publishes its cache statistics every 100 ms; the limit only bounds a broken agent.)
+	got := inspect(t, env.bin, env.pinRoot)
+	for deadline := time.Now().Add(30 * time.Second); (got.Cache == nil || got.Cache.EvictedAcked == 0) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		got = inspect(t, env.bin, env.pinRoot)
+	}
+	if got.Cache == nil || got.Cache.EvictedAcked == 0 {
+		t.Errorf("no cached result dropped on the members' ACKs: %+v", got.Cache)
+	}
+	h := job.hosts[w-1]
+	sw := netip.AddrPortFrom(h.Gateway, loader.DefaultPort)
+	if err := job.workers[w-1].Leave(ctx, sw, h.MAC); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	if got := membersOf(); len(got) != w-1 || got[w-1] {
+		t.Errorf("members after worker %d's LEAVE: %v", w-1, got)
+	}
+	if err := job.workers[w-1].Join(ctx, sw, h.MAC); err != nil {
+		t.Fatalf("join again: %v", err)
+	}
+	if got := membersOf(); len(got) != w {
+		t.Errorf("members after JOIN again: %v", got)
+	}
+	reduceExact(ctx, t, job, 1, 100*K+1, 150)
 }
