@@ -81,7 +81,9 @@ func TestHandleHelp(t *testing.T) {
 		binary.LittleEndian.PutUint32(vals[4*i:], uint32(1000*i-7))
 	}
 	part0 := helpAnswer(t, ct.key, res, 1, total, 0, wire.HelpPartValues, vals)
-	part1 := func() []byte { return helpAnswer(t, ct.key, res, 1, total, wire.HelpPartValues, total-wire.HelpPartValues, vals) }
+	part1 := func() []byte {
+		return helpAnswer(t, ct.key, res, 1, total, wire.HelpPartValues, total-wire.HelpPartValues, vals)
+	}
 	body := func(mut func(b []byte)) func(t *testing.T) []byte {
 		return func(t *testing.T) []byte {
 			b := append([]byte(nil), part0[:len(part0)-ctlauth.TrailerSize]...)
