@@ -143,3 +143,19 @@ func TestWorkerAnswersHelp(t *testing.T) {
 		t.Errorf("a replayed request was answered: %d parts", len(p))
 	}
 }
+
+// BenchmarkKeep is what keeping a result for member-assisted Help adds to each result a joined
+// worker takes: one copy of its K values into the ring (compare BenchmarkDequantizeFrom, which
+// every result pays anyway).
+func BenchmarkKeep(b *testing.B) {
+	w := &Worker{cfg: WorkerConfig{Window: DefaultWindow, ValuesPerPacket: wire.StdValues}}
+	w.startKeeping()
+	vals := make([]byte, 4*wire.StdValues)
+	h := wire.Header{Type: wire.MsgResult, Count: wire.StdValues}
+	b.SetBytes(int64(len(vals)))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		h.Seq = uint32(i)
+		w.keep(&h, vals)
+	}
+}
