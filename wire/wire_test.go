@@ -257,7 +257,7 @@ func TestParsePacketRejects(t *testing.T) {
 
 func TestKnown(t *testing.T) {
 	for ty := range 256 {
-		want := ty >= 1 && ty <= 10
+		want := ty >= 1 && ty <= 10 || ty == int(MsgHelp)
 		if KnownType(uint8(ty)) != want {
 			t.Errorf("KnownType(%d) = %v", ty, !want)
 		}
