@@ -25,7 +25,9 @@ import (
 //
 // The message is resent, freshly stamped, until the agent acknowledges it or ctx ends. Without a
 // valid JobKey it fails at once with ErrConfig. After a Join the worker also accepts results
-// from sw (the agent's retransmit cache) besides the PS.
+// from sw (the agent's retransmit cache, or another member's result through it: Help) besides the
+// PS, asks sw first for results it lost (iSwitch's Help), and keeps its last 2*Window results to
+// answer sw's requests for other members (MSG_HELP; docs/protocol.md, HELP).
 func (w *Worker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
 	return w.control(ctx, wire.MsgJoin, sw, mac)
 }
