@@ -357,6 +357,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	// stamp near the end of the freshness window under its worker id.
 	var jb bpf.XdpaggJoinBody
 	var hb bpf.XdpaggHelpBody
+	lateHelp := false
 	switch typ {
 	case bpf.XdpaggMsgTypeMSG_JOIN:
 		if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &jb); err != nil {
@@ -390,8 +391,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
 		if hb, err = c.checkHelpAnswer(h, msg, now); errors.Is(err, errLateHelp) {
-			c.helpSt.late.Add(1) // another member answered first: nothing to do, nothing refused
-			return nil
+			lateHelp = true // another member answered first: nothing to do, nothing refused
 		} else if err != nil {
 			return err
 		}
@@ -407,6 +407,10 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	switch typ {
 	case bpf.XdpaggMsgTypeMSG_HELP:
 		c.touch(ref, now)
+		if lateHelp {
+			c.helpSt.late.Add(1)
+			return nil
+		}
 		return c.takeHelpAnswer(h, hb, msg, now) // answers are not acknowledged
 	case bpf.XdpaggMsgTypeMSG_JOIN:
 		m := maps.Member{JobID: h.JobId, WorkerID: h.WorkerId, Ifindex: uint32(ifindex), Addr: from,

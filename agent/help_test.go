@@ -164,9 +164,12 @@ func TestHandleHelp(t *testing.T) {
 	if pkt, ok := cache.Get(testJob, 50); !ok || !bytes.Equal(pkt[wire.HdrSize:], vals) {
 		t.Errorf("recovered result not cached: %v", ok)
 	}
-	// A late answer (another member's, or a resend) changes nothing and is not refused.
-	accept(t, c, part1(), testPort2, w1.addr)
+	// A late answer (another member's, or a resend) changes nothing and is not refused; played
+	// again, it is a replay.
+	late := part1()
+	accept(t, c, late, testPort2, w1.addr)
 	w0.noDatagram(t)
+	wantRefused(t, c.handle(late, testPort2, w1.addr), RejectReplay, "HELP answer")
 
 	st := c.HelpStats()
 	if st.Requests != 1 || st.Asked != 1 || st.Parts != 2 || st.Recovered != 1 || st.Late != 1 || st.CacheHits != 0 {
