@@ -576,10 +576,13 @@ func (w *Worker) step() (wait int64, err error) {
 				earliest = min(earliest, f.deadline)
 				continue
 			}
-			if w.ctrlSet && f.askedCache && f.state == fragFixed {
+			if w.ctrlSet && f.askedCache && f.state == fragFixed && i == op.low {
 				// The Help request went unanswered (its answer, or a member's, was lost, or no
 				// member had the result yet): ask again with every resend, which alone can
-				// never complete a sum the switch lost after the other members got it.
+				// never complete a sum the switch lost after the other members got it. Only
+				// for the oldest fragment: the others wait behind it (a worker stalled behind
+				// a partner asks for sums nobody has, and each miss costs the agent a request
+				// to every member), and each becomes the oldest in turn.
 				if req := w.sealCtl(f.ctl[:]); req != nil {
 					w.bc.queue(&w.ctrlRaw, req, nil)
 					ctlQueued++

@@ -4,14 +4,18 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
+	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
 	"github.com/xdpagg/xdpagg/wire"
 )
 
@@ -73,7 +77,9 @@ func dropResultsXDP(t *testing.T, mod, rem int32) *ebpf.Program {
 // copy can give them back, and worker 0's resends alone could never complete them (the others
 // have their results and resend nothing). Worker 0's Help request reaches the agent, which asks
 // workers 1..3 (MSG_HELP); their authenticated answers come back to worker 0 as F_CACHED results,
-// and every sum is exact.
+// and every sum is exact. Meanwhile an attacker on a fifth port, holding another admitted job's
+// key, sends the agent answers with wrong values for the lost results (under that key, under a
+// made-up one, claiming a worker id of the job): none of them reaches a sum.
 func TestHelpRecoversFromMembers(t *testing.T) {
 	const (
 		w        = 4
@@ -81,10 +87,11 @@ func TestHelpRecoversFromMembers(t *testing.T) {
 		rounds   = 3
 		frags    = 200 // per round (n below)
 	)
-	env := newAgentEnv(t, w, 1024, "--no-retransmit-cache")
+	env := newAgentEnv(t, w+1, 1024, "--no-retransmit-cache")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	workers := env.startJobs(ctx, t, jobSpec{id: 13, hosts: env.tp.Workers})[0].workers
+	workers := env.startJobs(ctx, t, jobSpec{id: 13, hosts: env.tp.Workers[:w]})[0].workers
+	forged := forgeHelpAnswers(ctx, t, env, env.tp.Workers[w], 13, env.admit(t, 99, 1), mod, rem, rounds*frags)
 	if err := env.tp.Workers[0].XDPLink.Update(dropResultsXDP(t, mod, rem)); err != nil {
 		t.Fatalf("swap worker 0's XDP program: %v", err)
 	}
@@ -130,9 +137,12 @@ func TestHelpRecoversFromMembers(t *testing.T) {
 	if c := after["cached"] - before["cached"]; c != 0 {
 		t.Errorf("switch copied %d results to a cache that is off", c)
 	}
-	fmt.Printf("member-assisted help: %d results lost at worker 0 (every switch and PS copy), %d recovered through members "+
+	if forged.Load() == 0 {
+		t.Error("the attacker sent nothing")
+	}
+	fmt.Printf("member-assisted help (and %d forged answers refused): %d results lost at worker 0 (every switch and PS copy), %d recovered through members "+
 		"(%d help requests, %d data resends); members answered %d; shadow_tx %d; %d rounds of %d fragments in %v\n",
-		lost, st0.CacheResults, st0.CacheRequests, st0.Retransmits, answers, after["shadow_tx"]-before["shadow_tx"], rounds, frags, elapsed.Round(time.Millisecond))
+		forged.Load(), lost, st0.CacheResults, st0.CacheRequests, st0.Retransmits, answers, after["shadow_tx"]-before["shadow_tx"], rounds, frags, elapsed.Round(time.Millisecond))
 }
 
 // iSwitch's Join, Ack and Leave end to end against `xdpagg switch`: workers JOIN over the wire
@@ -184,4 +194,56 @@ func TestJoinAckLeave(t *testing.T) {
 		t.Errorf("members after JOIN again: %v", got)
 	}
 	reduceExact(ctx, t, job, 1, 100*K+1, 150)
+}
+
+// forgeHelpAnswers sends the switch's agent, from host h until ctx ends, HELP answers with wrong
+// values for job's results seq = rem mod mod (seq < n), as every worker id of the job: sealed under
+// otherKey (another admitted job's, which the attacker holds), and under a key of its own. It
+// returns the count of answers sent so far.
+func forgeHelpAnswers(ctx context.Context, t *testing.T, env *agentEnv, h *topo.Host, job uint32, otherKey []byte, mod, rem, n int) *atomic.Uint64 {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := env.tp.InHost(h, func() (err error) {
+		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(h.IP, 0)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ownKey, err := ctlauth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := netip.AddrPortFrom(h.Gateway, loader.DefaultPort)
+	var stamps ctlauth.Stamper
+	var sent atomic.Uint64
+	go func() {
+		vals := make([]byte, 4*K)
+		for i := range vals {
+			vals[i] = 0x5a
+		}
+		// A steady trickle, not a flood (TestAttackControlFlood is that): each lost result in
+		// turn, as each worker id, under each key, every few milliseconds.
+		keys := [][]byte{otherKey, ownKey}
+		for round := 0; ctx.Err() == nil; round++ {
+			worker, key := uint8(round%4), keys[round/4%2]
+			for seq := rem; seq < n && ctx.Err() == nil; seq += mod {
+				for off := 0; off < K; off += wire.HelpPartValues {
+					c := min(wire.HelpPartValues, K-off)
+					hd := wire.Header{Version: wire.Version, Type: wire.MsgHelp, Encoding: wire.EncFixed32, ScaleLog2: 24,
+						Count: uint16(c), JobId: job, Seq: uint32(seq), WorkerId: worker, Bitmap0: 0xf, FanIn0: 4}
+					b := wire.AppendHeader(nil, &hd)
+					b = binary.LittleEndian.AppendUint16(b, K)
+					b = binary.LittleEndian.AppendUint16(b, uint16(off))
+					b = binary.LittleEndian.AppendUint32(b, 0)
+					b, _ = ctlauth.Seal(key, append(b, vals[:4*c]...), stamps.Next())
+					if _, err := conn.WriteToUDPAddrPort(b, sw); err == nil {
+						sent.Add(1)
+					}
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return &sent
 }
