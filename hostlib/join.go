@@ -251,8 +251,9 @@ func (w *Worker) handleAck(b []byte, h *wire.Header, from *unix.RawSockaddrInet4
 	off := int64(h.Seq - uint32(op.seqBase))
 	if op.active && off >= int64(op.low) && off < int64(op.next) {
 		if f := &op.ring[int(off)%len(op.ring)]; f.idx == int(off) && f.askedCache && f.state == fragFixed {
-			w.st.cacheMisses.Add(1) // not complete yet (or evicted): the data timer decides
-			delete(w.cacheAt, h.Seq)
+			// Not cached (not complete yet, or evicted): the data timer decides, and a member
+			// may still answer through the agent (its latency then counts from the request).
+			w.st.cacheMisses.Add(1)
 		}
 	}
 }

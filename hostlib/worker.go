@@ -168,7 +168,7 @@ type WorkerStats struct {
 	CacheRequests    uint64        // Help requests (iSwitch's Help, MSG_RETRANSMIT) sent to the switch agent for a lost result
 	CacheResults     uint64        // of ResultsReceived: answered through the agent (F_CACHED): its retransmit cache, or another member (member-assisted Help)
 	CacheMisses      uint64        // Help requests the agent's cache could not answer at once (it asks the job's other members; the data timer goes on)
-	CacheLatency     time.Duration // mean time from a Help request to its cached result (answers after a miss not included)
+	CacheLatency     time.Duration // mean time from a fragment's first Help request to its result through the agent (cache or member)
 	HelpAnswers      uint64        // results this worker sent the switch agent for another member (member-assisted Help, MSG_HELP)
 	HelpUnknown      uint64        // authenticated member-Help requests for a result this worker does not keep: not answered
 	ECNResults       uint64        // results that carried F_ECN (congestion on the job's path)
@@ -876,6 +876,8 @@ func (w *Worker) handleResult(i int) {
 			w.st.cacheLatN.Add(1)
 			delete(w.cacheAt, h.Seq)
 		}
+	} else if len(w.cacheAt) > 0 {
+		delete(w.cacheAt, h.Seq) // the sum came the usual way after all
 	}
 	if h.Flags&wire.FlagFromSwitch == 0 {
 		w.st.fromPS.Add(1)

@@ -141,8 +141,8 @@ func TestHelpRecoversFromMembers(t *testing.T) {
 		t.Error("the attacker sent nothing")
 	}
 	fmt.Printf("member-assisted help (and %d forged answers refused): %d results lost at worker 0 (every switch and PS copy), %d recovered through members "+
-		"(%d help requests, %d data resends); members answered %d; shadow_tx %d; %d rounds of %d fragments in %v\n",
-		forged.Load(), lost, st0.CacheResults, st0.CacheRequests, st0.Retransmits, answers, after["shadow_tx"]-before["shadow_tx"], rounds, frags, elapsed.Round(time.Millisecond))
+		"(mean %v after the first help request; %d help requests, %d data resends); members answered %d; shadow_tx %d; %d rounds of %d fragments in %v\n",
+		forged.Load(), lost, st0.CacheResults, st0.CacheLatency, st0.CacheRequests, st0.Retransmits, answers, after["shadow_tx"]-before["shadow_tx"], rounds, frags, elapsed.Round(time.Millisecond))
 }
 
 // iSwitch's Join, Ack and Leave end to end against `xdpagg switch`: workers JOIN over the wire
