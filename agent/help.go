@@ -46,18 +46,20 @@ type HelpStats struct {
 	Late       uint64 // answers for a result already recovered: dropped
 	Unanswered uint64 // results asked for that no member answered within HelpWindow
 	Full       uint64 // misses not passed on to members: MaxHelpPending outstanding
+	Incomplete uint64 // misses not passed on to members: the switch still aggregates the sum, so nobody has it
 }
 
 // helpCounters are HelpStats as the control server counts them.
 type helpCounters struct {
-	requests, cacheHits, asked, parts, recovered, resent, late, unanswered, full atomic.Uint64
+	requests, cacheHits, asked, parts, recovered, resent, late, unanswered, full, incomplete atomic.Uint64
 }
 
 // HelpStats returns what member-assisted Help did so far.
 func (c *ControlServer) HelpStats() HelpStats {
 	s := &c.helpSt
 	return HelpStats{Requests: s.requests.Load(), CacheHits: s.cacheHits.Load(), Asked: s.asked.Load(), Parts: s.parts.Load(),
-		Recovered: s.recovered.Load(), Resent: s.resent.Load(), Late: s.late.Load(), Unanswered: s.unanswered.Load(), Full: s.full.Load()}
+		Recovered: s.recovered.Load(), Resent: s.resent.Load(), Late: s.late.Load(), Unanswered: s.unanswered.Load(), Full: s.full.Load(),
+		Incomplete: s.incomplete.Load()}
 }
 
 // helpOutcomes lists HelpStats by their metric label, in a stable order.
@@ -69,7 +71,7 @@ func (s HelpStats) outcomes() []struct {
 		label string
 		n     uint64
 	}{{"requests", s.Requests}, {"cache_hits", s.CacheHits}, {"asked", s.Asked}, {"parts", s.Parts}, {"recovered", s.Recovered},
-		{"resent", s.Resent}, {"late", s.Late}, {"unanswered", s.Unanswered}, {"full", s.Full}}
+		{"resent", s.Resent}, {"late", s.Late}, {"unanswered", s.Unanswered}, {"full", s.Full}, {"incomplete", s.Incomplete}}
 }
 
 type helpKey struct{ job, seq uint32 }
@@ -100,9 +102,19 @@ func helpParts(total int) int { return (total + wire.HelpPartValues - 1) / wire.
 // helpFromMembers passes a Help request the cache could not serve on to the job's other members:
 // an authenticated MSG_HELP to each (but the requester), from the switch's address on its port.
 // A result recovered lately is sent again at once. It reports whether the request was sent on.
+//
+// A request whose slot (the request's agg_index, a hint from the worker) still aggregates that
+// very fragment is not passed on: the sum is not complete, so no member has it. That is what a
+// worker waiting on a slow partner asks for, a window of fragments at a time; fanning each out to
+// every member would cost the agent (members-1) messages per fragment for nothing.
 func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.AddrPort, now time.Time) (bool, error) {
 	k := helpKey{h.JobId, h.Seq}
 	w := helpWaiter{worker: h.WorkerId, to: from, src: c.replySrc}
+	if s, err := c.maps.Slot(h.AggIndex); err == nil && s.JobId == h.JobId && s.Seq == h.Seq &&
+		s.State == uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING) {
+		c.helpSt.incomplete.Add(1)
+		return false, nil
+	}
 	c.mu.Lock()
 	r := c.help[k]
 	if r != nil && now.After(r.until) {

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/wire"
 )
@@ -183,7 +186,7 @@ func TestHandleHelp(t *testing.T) {
 	for _, s := range gather(t, col)["xdpagg_agent_help_total"] {
 		series[s.labels["outcome"]] = s.value
 	}
-	if series["recovered"] != 1 || series["asked"] != 1 || series["requests"] != 1 || len(series) != 9 {
+	if series["recovered"] != 1 || series["asked"] != 1 || series["requests"] != 1 || len(series) != 10 {
 		t.Errorf("xdpagg_agent_help_total = %v", series)
 	}
 }
@@ -230,5 +233,43 @@ func TestHandleHelpWithoutCache(t *testing.T) {
 	c.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d help requests remembered after the job's removal", n)
+	}
+}
+
+// A Help request for a fragment its slot still aggregates is not passed on to members: the sum is
+// not complete, so nobody has it (a worker waiting on a slow partner asks for a window of those).
+// Once the slot holds another fragment (or none), members are asked.
+func TestHandleHelpIncomplete(t *testing.T) {
+	ct := newCtlTest(t)
+	c, m := ct.c, ct.sw.Maps
+	w0, w1 := newWorker(t), newWorkerAt(t, "127.0.0.3")
+	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
+	w0.readAck(t, ct.key)
+	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
+	w1.readAck(t, ct.key)
+	const idx = 5
+	var s bpf.XdpaggSlot
+	s.JobId, s.Seq, s.State, s.FanIn, s.Nvals, s.Bitmap = testJob, 60, uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), 2, 1, 1
+	if err := m.Slots.Update(uint32(idx), &s, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	req := func(seq uint32) []byte {
+		h := hdr(msgRtx, testJob, seq, 0)
+		h.AggIndex = idx
+		return sealed(t, ct.key, h, nil)
+	}
+	accept(t, c, req(60), testPort, w0.addr)
+	if a, _ := w0.readAck(t, ct.key); a.Type != msgAck || a.Seq != 60 {
+		t.Errorf("miss answered with %+v", a)
+	}
+	w1.noDatagram(t)
+	// The slot holds another fragment: seq 61 may be complete elsewhere, so members are asked.
+	accept(t, c, req(61), testPort, w0.addr)
+	w0.readAck(t, ct.key)
+	if q, _ := w1.readAck(t, ct.key); q.Type != wire.MsgHelp || q.Seq != 61 {
+		t.Errorf("worker 1 asked with %+v", q)
+	}
+	if st := c.HelpStats(); st.Incomplete != 1 || st.Asked != 1 || st.Requests != 2 {
+		t.Errorf("HelpStats = %+v", st)
 	}
 }

@@ -562,7 +562,7 @@ func (w *Worker) step() (wait int64, err error) {
 				f.askedCache = true
 				seq := uint32(op.seqBase + uint64(i))
 				wire.EncodeHeader(f.ctl[:], &wire.Header{Version: wire.Version, Type: wire.MsgRetransmit,
-					JobId: w.cfg.JobID, Seq: seq, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
+					JobId: w.cfg.JobID, Seq: seq, AggIndex: w.aggIndex(op.seqBase + uint64(i)), WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
 				if w.cacheAt == nil {
 					w.cacheAt = map[uint32]int64{}
 				}
