@@ -142,9 +142,9 @@ func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.Ad
 	} else {
 		// Asked again by a member already waiting: the earlier requests (or their answers)
 		// were lost, or no member had the result yet. A new waiter rides on the pending request.
-		for _, x := range r.waiters {
-			if x.worker == w.worker {
-				again = true
+		for i := range r.waiters {
+			if r.waiters[i].worker == w.worker {
+				r.waiters[i], again = w, true // where it asks from now
 			}
 		}
 		if !again {
