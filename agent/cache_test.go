@@ -135,6 +135,10 @@ func TestHandleRetransmit(t *testing.T) {
 	if a, _ := w.readAck(t, ct.key); a.Type != msgAck || a.Seq != 43 || a.JobId != testJob || a.WorkerId != 1 {
 		t.Errorf("miss answered with %+v", a)
 	}
+	// ... and passed on to the job's other member (member-assisted Help).
+	if q, _ := other.readAck(t, ct.key); q.Type != wire.MsgHelp || q.Seq != 43 || q.JobId != testJob || q.WorkerId != 0 || q.Count != 0 {
+		t.Errorf("the other member was asked with %+v, want a HELP request for seq 43", q)
+	}
 	// A RETRANSMIT claiming another worker id (bound elsewhere) is refused, and so is one from
 	// another host for this one.
 	wantRefused(t, c.handle(rtx(t, ct.key, 42, 0), testPort, w.addr), RejectNotMember, "RETRANSMIT")

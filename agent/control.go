@@ -61,12 +61,13 @@ const (
 	RejectBadWorker   = "bad_worker"      // worker id beyond the job's fan-in, or a JOIN naming another PS
 	RejectBadH        = "bad_threshold"   // SETH with H outside 1..the job's workers, or for a sparse job
 	RejectPortFull    = "port_full"       // the port has MaxMembersPerPort members already
+	RejectUnsolicited = "unsolicited"     // a HELP answer for no result the agent asked that worker id for
 	RejectInternal    = "internal"        // a map operation failed
 	errLogEvery       = time.Second       // at most one warning per port per this interval
 )
 
-// ControlServer answers control messages (iSwitch's Join/Leave, the retransmit cache's
-// Retransmit/Ack) that the XDP program passes up. Only admitted jobs exist; every message must be
+// ControlServer answers control messages (iSwitch's Join/Leave/Reset/Halt, Help with the
+// retransmit cache and the job's members, and the cache's Ack) that the XDP program passes up. Only admitted jobs exist; every message must be
 // authenticated with its job's key (ctlauth) and fresh. A JOIN binds a worker id to the sender's
 // address, UDP port and switch port; the job's PS is fixed at admission and never chosen by a
 // JOIN. JOIN and LEAVE are answered with an authenticated MSG_ACK.
@@ -93,17 +94,23 @@ type ControlServer struct {
 	mu       sync.Mutex
 	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
 	halted   map[uint32]haltNotice   // jobs halted lately
+	help     map[helpKey]*helpReq    // results asked of members lately (member-assisted Help)
 	keys     map[uint32]string       // job -> the key its last authentic message opened under (admission)
 
 	replySrc net.IP // destination of the message being handled (Serve's goroutine only); nil: kernel's choice
 
 	rejected sync.Map // reason -> *atomic.Uint64
+	helpSt   helpCounters
 	warn     warnLimiter
 }
 
 type workerRef struct {
 	job    uint32
 	worker uint8
+	// answers: the stamps of the worker's HELP answers, which its receive goroutine sends while
+	// its AllReduce may hold sealed ACKs and Help requests not yet sent: a sequence of their own,
+	// so that neither overtaking the other looks like a replay.
+	answers bool
 }
 
 // SetCache makes the server answer MSG_RETRANSMIT from c and feed it workers' MSG_ACKs. Call
@@ -131,7 +138,8 @@ func ListenControl(port uint16, m *maps.Maps, ports map[int]net.HardwareAddr, lo
 // newControlServer makes a server answering from raw (tests give it a plain loopback socket).
 func newControlServer(raw net.PacketConn, m *maps.Maps, ports map[int]net.HardwareAddr, log *slog.Logger) *ControlServer {
 	return &ControlServer{conn: ipv4.NewPacketConn(raw), raw: raw, maps: m, log: log, ports: ports,
-		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, keys: map[uint32]string{}, halted: map[uint32]haltNotice{}}
+		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, keys: map[uint32]string{}, halted: map[uint32]haltNotice{},
+		help: map[helpKey]*helpReq{}}
 }
 
 // Close stops the server.
@@ -243,7 +251,9 @@ func msgName(t uint8) string {
 	case bpf.XdpaggMsgTypeMSG_LEAVE:
 		return "LEAVE"
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT:
-		return "RETRANSMIT"
+		return "HELP (RETRANSMIT)"
+	case bpf.XdpaggMsgTypeMSG_HELP:
+		return "HELP answer"
 	case bpf.XdpaggMsgTypeMSG_ACK:
 		return "ACK"
 	case bpf.XdpaggMsgTypeMSG_RESET:
@@ -260,9 +270,13 @@ func msgName(t uint8) string {
 	return fmt.Sprintf("type %d", t)
 }
 
-// bodySize is the size of a message type's body between header and trailer.
-func bodySize(t bpf.XdpaggMsgType) (int, bool) {
-	switch t {
+// bodySize is the size of a message's body between header and trailer.
+func bodySize(h wire.Header) (int, bool) {
+	switch t := bpf.XdpaggMsgType(h.Type); t {
+	case bpf.XdpaggMsgTypeMSG_HELP:
+		// A member's answer: the help body and one part of a result. (The agent's own requests
+		// are header only, and go to members, never to it.)
+		return wire.HelpBodySize + 4*int(h.Count), h.Count >= 1 && int(h.Count) <= wire.HelpPartValues
 	case bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE:
 		return binary.Size(bpf.XdpaggJoinBody{}), true
 	case bpf.XdpaggMsgTypeMSG_SETH:
@@ -305,11 +319,14 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	if h.Version == wire.Version && h.Reserved == 0 && h.Type == wire.MsgHeartbeat {
 		return c.heartbeat(b, h, ifindex, from) // the controller's, under its own key
 	}
-	if h.Version != wire.Version || h.JobId == 0 || h.Reserved != 0 || h.Count != 0 {
+	if h.Version != wire.Version || h.JobId == 0 || h.Reserved != 0 || (h.Count != 0 && h.Type != wire.MsgHelp) {
 		return refuse(RejectMalformed, "version %d job %d reserved %d count %d", h.Version, h.JobId, h.Reserved, h.Count)
 	}
 	typ := bpf.XdpaggMsgType(h.Type)
-	body, ok := bodySize(typ)
+	body, ok := bodySize(h)
+	if !ok && typ == bpf.XdpaggMsgTypeMSG_HELP {
+		return refuse(RejectMalformed, "HELP answer of %d values: a part holds 1..%d", h.Count, wire.HelpPartValues)
+	}
 	if !ok {
 		return refuse(RejectMalformed, "type %d is not handled by the agent", h.Type)
 	}
@@ -332,7 +349,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	}
 	// Authentic from here: the sender holds the job's key.
 	c.admission(h.JobId, key)
-	ref := workerRef{h.JobId, h.WorkerId}
+	ref := workerRef{job: h.JobId, worker: h.WorkerId}
 	job, err := c.maps.Admission(h.JobId)
 	if err != nil {
 		return err
@@ -351,6 +368,8 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	// stamp, so a key holder who is not the binding cannot lock the binding out by sending a
 	// stamp near the end of the freshness window under its worker id.
 	var jb bpf.XdpaggJoinBody
+	var hb bpf.XdpaggHelpBody
+	lateHelp := false
 	switch typ {
 	case bpf.XdpaggMsgTypeMSG_JOIN:
 		if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &jb); err != nil {
@@ -379,6 +398,17 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if !bound || !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
+	case bpf.XdpaggMsgTypeMSG_HELP:
+		// A result for another member: only from the binding of a worker id the agent asked
+		// for it (members are trusted with their job's sums, and only with them).
+		if !bound || !isBinding(binding, ifindex, from) {
+			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
+		}
+		if hb, err = c.checkHelpAnswer(h, msg, now); errors.Is(err, errLateHelp) {
+			lateHelp = true // another member answered first: nothing to do, nothing refused
+		} else if err != nil {
+			return err
+		}
 	}
 	var newH uint8
 	if typ == bpf.XdpaggMsgTypeMSG_SETH {
@@ -393,11 +423,20 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	}
 	// The stamp is checked (and used up) before anything changes, so a recorded message cannot
 	// be played again.
-	if err := c.replay.Check(ref, stamp); err != nil {
+	rref := ref
+	rref.answers = typ == bpf.XdpaggMsgTypeMSG_HELP
+	if err := c.replay.Check(rref, stamp); err != nil {
 		return refuse(RejectReplay, "%s of job %d worker %d: %w", msgName(h.Type), h.JobId, h.WorkerId, err)
 	}
 
 	switch typ {
+	case bpf.XdpaggMsgTypeMSG_HELP:
+		c.touch(ref, now)
+		if lateHelp {
+			c.helpSt.late.Add(1)
+			return nil
+		}
+		return c.takeHelpAnswer(h, hb, msg, now) // answers are not acknowledged
 	case bpf.XdpaggMsgTypeMSG_JOIN:
 		m := maps.Member{JobID: h.JobId, WorkerID: h.WorkerId, Ifindex: uint32(ifindex), Addr: from,
 			MAC: net.HardwareAddr(jb.Mac[:]), PortMAC: portMAC, SrcIP: job.PS.Addr()}
@@ -465,8 +504,10 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			}
 			return nil // acknowledgements are not acknowledged
 		}
+		c.helpSt.requests.Add(1)
 		if c.cache != nil {
 			if pkt, ok := c.cache.Get(h.JobId, h.Seq); ok {
+				c.helpSt.cacheHits.Add(1)
 				out := append([]byte(nil), pkt...)
 				wire.SetPacketFlags(out, wire.PacketFlags(out)|wire.FlagCached)
 				if err := c.send(out, from); err != nil {
@@ -475,8 +516,13 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 				return nil
 			}
 		}
-		// A miss is answered with ACK (same job and seq): the worker learns the result is not
-		// cached, and its data timer decides when it resends.
+		// A miss: the job's other members may still have the result (member-assisted Help);
+		// whatever one answers reaches the worker as a cached result. The miss is answered
+		// with ACK (same job and seq) all the same: the worker's data timer goes on, and
+		// decides when it resends (and asks again).
+		if _, err := c.helpFromMembers(h, key, from, now); err != nil {
+			return err
+		}
 	}
 	return c.ack(h, key, from)
 }
@@ -487,7 +533,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 // the binding has been silent for MemberTTL. One member per job per port, and at most
 // MaxMembersPerPort members behind a port.
 func (c *ControlServer) mayJoin(h wire.Header, ifindex int, from netip.AddrPort, bound bool, binding maps.Contributor, now time.Time) error {
-	ref := workerRef{h.JobId, h.WorkerId}
+	ref := workerRef{job: h.JobId, worker: h.WorkerId}
 	if bound && !isBinding(binding, ifindex, from) {
 		sameHost := binding.Addr.Addr() == from.Addr() && binding.Ifindex == uint32(ifindex)
 		idle := now.Sub(c.idleSince(ref))
@@ -500,7 +546,7 @@ func (c *ControlServer) mayJoin(h wire.Header, ifindex int, from netip.AddrPort,
 	// only if it has gone silent.
 	existing, err := c.maps.Member(h.JobId, uint32(ifindex))
 	if err == nil && existing.WorkerID != h.WorkerId {
-		other := workerRef{h.JobId, existing.WorkerID}
+		other := workerRef{job: h.JobId, worker: existing.WorkerID}
 		if idle := now.Sub(c.idleSince(other)); idle < c.cfg.MemberTTL {
 			return refuse(RejectBoundElse, "JOIN of job %d worker %d on ifindex %d: worker %d of the job is behind that port, last heard %v ago",
 				h.JobId, h.WorkerId, ifindex, existing.WorkerID, idle.Round(time.Millisecond))
@@ -686,6 +732,12 @@ func (c *ControlServer) forget(drop func(job uint32) bool) {
 			delete(c.keys, j)
 		}
 	}
+	for k := range c.help {
+		if drop(k.job) {
+			delete(c.help, k)
+		}
+	}
+	c.sweepHelpLocked(time.Now())
 	c.mu.Unlock()
 	if c.cache != nil {
 		c.cache.ForgetJobs(drop)
@@ -716,7 +768,7 @@ func (c *ControlServer) admission(job uint32, key []byte) {
 // rejectReasons lists the labels in a stable order (metrics).
 func rejectReasons() []string {
 	r := []string{RejectMalformed, RejectNotAPort, RejectNotAdmitted, RejectUnauth, RejectReplay,
-		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectBadH, RejectPortFull, RejectInternal}
+		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectBadH, RejectPortFull, RejectUnsolicited, RejectInternal}
 	sort.Strings(r)
 	return r
 }
@@ -729,5 +781,5 @@ func (c *ControlServer) forgetJob(job uint32) { c.forget(func(j uint32) bool { r
 // just sent an authenticated message: its binding is not takeable until it has been silent here
 // for MemberTTL.
 func (c *ControlServer) restoredMember(job uint32, worker uint8) {
-	c.touch(workerRef{job, worker}, time.Now())
+	c.touch(workerRef{job: job, worker: worker}, time.Now())
 }

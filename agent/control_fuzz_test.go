@@ -481,7 +481,7 @@ func FuzzControlHandle(f *testing.F) {
 				body, stamp, oerr = ctlauth.Open(j.key, d)
 				authentic = oerr == nil
 			}
-			ref := workerRef{h.JobId, h.WorkerId}
+			ref := workerRef{job: h.JobId, worker: h.WorkerId, answers: h.Type == wire.MsgHelp}
 			if err != nil {
 				if !unchanged {
 					t.Fatalf("message %d (%x, ifindex %d, from %v): refused (%v) but changed the maps", i, d, ifindex, from, err)

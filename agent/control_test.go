@@ -645,7 +645,7 @@ func TestHandleRefusesWorkers(t *testing.T) {
 		{name: "LEAVE from the binding's address on another switch port", ifindex: testPort2,
 			b: func(t *testing.T) []byte { return leave(t, key, 1, 1) }, reason: RejectNotMember, want: "on ifindex 7"},
 		fromB("ACK from another host", func(t *testing.T) []byte { return ack(t, key, 1, 1) }, testPort, RejectNotMember, "ACK of job 42 worker 1"),
-		fromB("RETRANSMIT from another host", func(t *testing.T) []byte { return rtx(t, key, 1, 1) }, testPort, RejectNotMember, "RETRANSMIT of job 42 worker 1"),
+		fromB("RETRANSMIT from another host", func(t *testing.T) []byte { return rtx(t, key, 1, 1) }, testPort, RejectNotMember, "HELP (RETRANSMIT) of job 42 worker 1"),
 		{name: "ACK from the binding's address on another switch port", ifindex: testPort2,
 			b: func(t *testing.T) []byte { return ack(t, key, 1, 1) }, reason: RejectNotMember, want: "ACK"},
 		{name: "RETRANSMIT from the binding's host, another UDP port", from: &worker{addr: netip.AddrPortFrom(w.addr.Addr(), w.addr.Port()+1)},
@@ -788,7 +788,7 @@ func TestHandleJoinBinding(t *testing.T) {
 		c.SetConfig(ControlConfig{MemberTTL: ttl})
 		age := func() {
 			c.mu.Lock()
-			c.lastSeen[workerRef{testJob, 1}] = time.Now().Add(-2 * ttl)
+			c.lastSeen[workerRef{job: testJob, worker: 1}] = time.Now().Add(-2 * ttl)
 			c.mu.Unlock()
 		}
 		a, b := newWorker(t), newWorkerAt(t, "127.0.0.2")

@@ -25,6 +25,7 @@ type Collector struct {
 	members  *prometheus.Desc
 	jobs     *prometheus.Desc
 	rejected *prometheus.Desc
+	help     *prometheus.Desc
 	scrapeOK *prometheus.Desc
 	// The sparse datapath (docs/sparse.md).
 	recirc      *prometheus.Desc
@@ -46,6 +47,8 @@ func NewCollector(m *maps.Maps) *Collector {
 		rejected: prometheus.NewDesc("xdpagg_agent_control_rejected_total", "Control messages the agent refused, by reason (docs/security.md).", []string{"reason"}, nil),
 		mgmtBad: prometheus.NewDesc("xdpagg_agent_mgmt_dropped_total",
 			"Management connections the agent dropped without an answer, by reason (docs/security.md, Management channel).", []string{"reason"}, nil),
+		help: prometheus.NewDesc("xdpagg_agent_help_total",
+			"iSwitch's Help (a worker asks for a lost result): requests, cache hits, and the job's members asked and answering (docs/protocol.md, HELP).", []string{"outcome"}, nil),
 		scrapeOK: prometheus.NewDesc("xdpagg_switch_scrape_ok", "1 if the maps could be read.", nil, nil),
 		recirc: prometheus.NewDesc("xdpagg_switch_recirculation_packets",
 			"Hot (sparse) packets by the passes through the pipeline they took: 0 for empty markers, k for k-1 recirculations.", []string{"passes"}, nil),
@@ -60,7 +63,8 @@ func NewCollector(m *maps.Maps) *Collector {
 	}
 }
 
-// WithControl adds the refusals of ctrl (ControlServer.Rejected) to what c exports, and returns c.
+// WithControl adds the refusals of ctrl (ControlServer.Rejected) and what its Help did
+// (ControlServer.HelpStats) to what c exports, and returns c.
 func (c *Collector) WithControl(ctrl *ControlServer) *Collector {
 	c.ctrl = ctrl
 	return c
@@ -75,7 +79,7 @@ func (c *Collector) WithMgmt(s *mgmt.Server) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.mgmtBad, c.scrapeOK,
+	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.mgmtBad, c.help, c.scrapeOK,
 		c.recirc, c.sparseIter, c.sparseVer, c.sparseFill, c.sparseReady} {
 		ch <- d
 	}
@@ -134,6 +138,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		got := c.ctrl.Rejected()
 		for _, r := range rejectReasons() {
 			ch <- prometheus.MustNewConstMetric(c.rejected, prometheus.CounterValue, float64(got[r]), r)
+		}
+		for _, o := range c.ctrl.HelpStats().outcomes() {
+			ch <- prometheus.MustNewConstMetric(c.help, prometheus.CounterValue, float64(o.n), o.label)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.scrapeOK, prometheus.GaugeValue, ok)

@@ -680,6 +680,7 @@ int xdpagg_switch(struct xdp_md *ctx)
 	case MSG_HEARTBEAT:
 	case MSG_ACK:
 	case MSG_RETRANSMIT:
+	case MSG_HELP:
 		if (!ctl_admit(ctx)) {
 			count(ctr, CNT_CTL_LIMITED);
 			return XDP_DROP;
@@ -855,6 +856,7 @@ const volatile enum slot_state unused_slot_state;
 const volatile enum limit unused_limit;
 struct hdr *const volatile unused_hdr;
 struct join_body *const volatile unused_join_body;
+struct help_body *const volatile unused_help_body;
 struct result_rec *const volatile unused_result_rec;
 struct cache_stats *const volatile unused_cache_stats;
 struct ctl_auth *const volatile unused_ctl_auth;

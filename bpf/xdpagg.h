@@ -34,6 +34,11 @@ _Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0 && XAGG_CHUNK % 2 == 0, "XAGG_C
 /* Values per packet at the standard 1500-byte MTU. */
 #define XAGG_STD_VALUES 360
 
+/* Values one member's MSG_HELP answer carries at most (a part of a result; struct help_body):
+ * 32 header + 8 body + 1024 values + 24 trailer = 1088 bytes of UDP payload, inside any MTU of
+ * 1280 or more, while a whole 1500-MTU result plus body and trailer would not be. */
+#define XAGG_HELP_PART_VALUES 256
+
 /* Workers per job at one aggregation level: one bit each in bitmap0. */
 #define XAGG_MAX_WORKERS 32
 
@@ -96,6 +101,8 @@ enum limit {
 	LIMIT_SPARSE_HDR_SIZE = 8, /* sizeof(struct sparse_hdr) */
 	LIMIT_HOT_MAX_VALUES = XAGG_HOT_MAX_VALUES,
 	LIMIT_HOT_STD_VALUES = XAGG_HOT_STD_VALUES,
+	LIMIT_HELP_PART_VALUES = XAGG_HELP_PART_VALUES,
+	LIMIT_HELP_BODY_SIZE = 8, /* sizeof(struct help_body) */
 };
 
 /* Message types (hdr.type). */
@@ -106,13 +113,14 @@ enum msg_type {
 	MSG_LEAVE = 4,   /* control: worker leaves a job (iSwitch Leave) */
 	MSG_RESET = 5,   /* control: a member asks the agent to clear its job's slots, registers and records (iSwitch Reset) */
 	MSG_ACK = 6,     /* control: acknowledgement of a control message or of a result (retransmit cache) */
-	MSG_RETRANSMIT = 7, /* control: worker asks the switch CPU for a cached result */
+	MSG_RETRANSMIT = 7, /* control: iSwitch's Help: a worker asks the switch CPU for a lost result (cache, then members) */
 	MSG_HEARTBEAT = 8,  /* control: the controller asks an agent how its switch is; answered with struct heartbeat_stats */
 	MSG_PULL = 9,       /* sparse read-out: the PS asks the switch for a range of hot sums; the switch answers in place */
 	MSG_HALT = 10,      /* control: a member asks the agent to suspend its job; the agent tells every member (iSwitch Halt) */
 	MSG_SETH = 11,      /* control: a member sets its job's aggregation threshold H (iSwitch SetH); body struct seth_body */
 	MSG_FBCAST = 12,    /* control: a member asks the switch to force the partial aggregate of <job, seq> out (iSwitch FBcast) */
-	/* 13 is taken by MSG_HELP (another change). */
+	MSG_HELP = 13,      /* control: member-assisted Help. agent -> member: header only, "send me result seq";
+			     * member -> agent: struct help_body and up to XAGG_HELP_PART_VALUES of its values */
 };
 
 /* Value encodings (hdr.encoding). */
@@ -263,6 +271,22 @@ struct sparse_pass {
 	__u64 touched[XAGG_JOB_MAX_ARRAYS / 64]; /* arrays touched in the current pass */
 	struct kv_pair pairs[XAGG_SPARSE_MAX_PAIRS];
 };
+
+/*
+ * Body of a member's MSG_HELP answer (member -> agent): between the header and the values. The
+ * header is the result's as the member received it (encoding, scale_log2, flags, seq, agg_index,
+ * bitmaps, fan-ins), but type MSG_HELP, worker_id the answering member's and count the values in
+ * this part. A result of `total` values travels in ceil(total / XAGG_HELP_PART_VALUES) parts,
+ * part i holding values [i * XAGG_HELP_PART_VALUES, min(total, (i+1) * XAGG_HELP_PART_VALUES)):
+ * with the body and the ctl_auth trailer a whole result would not fit the MTU it was cut for.
+ * Host order (little-endian), like the header.
+ */
+struct help_body {
+	__u16 total;    /* values of the whole result, 1..XAGG_MAX_VALUES */
+	__u16 offset;   /* index of this part's first value: a multiple of XAGG_HELP_PART_VALUES */
+	__u32 reserved; /* 0 */
+};
+_Static_assert(sizeof(struct help_body) == LIMIT_HELP_BODY_SIZE, "struct help_body must stay 8 bytes");
 
 /*
  * Body of MSG_JOIN / MSG_LEAVE (after a header with count = 0, before the struct ctl_auth

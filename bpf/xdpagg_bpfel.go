@@ -177,6 +177,13 @@ type XdpaggHeartbeatStats struct {
 	ControlRefused uint64
 }
 
+type XdpaggHelpBody struct {
+	_        structs.HostLayout
+	Total    uint16
+	Offset   uint16
+	Reserved uint32
+}
+
 type XdpaggJob struct {
 	_         structs.HostLayout
 	PsIp      uint32
@@ -231,6 +238,8 @@ const (
 	XdpaggLimitLIMIT_SPARSE_HDR_SIZE   XdpaggLimit = 8
 	XdpaggLimitLIMIT_HOT_MAX_VALUES    XdpaggLimit = 830
 	XdpaggLimitLIMIT_HOT_STD_VALUES    XdpaggLimit = 358
+	XdpaggLimitLIMIT_HELP_PART_VALUES  XdpaggLimit = 256
+	XdpaggLimitLIMIT_HELP_BODY_SIZE    XdpaggLimit = 8
 )
 
 type XdpaggMember struct {
@@ -265,6 +274,7 @@ const (
 	XdpaggMsgTypeMSG_HALT       XdpaggMsgType = 10
 	XdpaggMsgTypeMSG_SETH       XdpaggMsgType = 11
 	XdpaggMsgTypeMSG_FBCAST     XdpaggMsgType = 12
+	XdpaggMsgTypeMSG_HELP       XdpaggMsgType = 13
 )
 
 type XdpaggPortQueue struct {
@@ -473,6 +483,7 @@ const (
 	XdpaggVarUnusedGcArgs         = "unused_gc_args"
 	XdpaggVarUnusedHdr            = "unused_hdr"
 	XdpaggVarUnusedHeartbeatStats = "unused_heartbeat_stats"
+	XdpaggVarUnusedHelpBody       = "unused_help_body"
 	XdpaggVarUnusedJoinBody       = "unused_join_body"
 	XdpaggVarUnusedKvPair         = "unused_kv_pair"
 	XdpaggVarUnusedLimit          = "unused_limit"
@@ -583,6 +594,7 @@ type XdpaggVariableSpecs struct {
 	UnusedGcArgs         *ebpf.VariableSpec `ebpf:"unused_gc_args"`
 	UnusedHdr            *ebpf.VariableSpec `ebpf:"unused_hdr"`
 	UnusedHeartbeatStats *ebpf.VariableSpec `ebpf:"unused_heartbeat_stats"`
+	UnusedHelpBody       *ebpf.VariableSpec `ebpf:"unused_help_body"`
 	UnusedJoinBody       *ebpf.VariableSpec `ebpf:"unused_join_body"`
 	UnusedKvPair         *ebpf.VariableSpec `ebpf:"unused_kv_pair"`
 	UnusedLimit          *ebpf.VariableSpec `ebpf:"unused_limit"`
@@ -681,6 +693,7 @@ type XdpaggVariables struct {
 	UnusedGcArgs         *ebpf.Variable `ebpf:"unused_gc_args"`
 	UnusedHdr            *ebpf.Variable `ebpf:"unused_hdr"`
 	UnusedHeartbeatStats *ebpf.Variable `ebpf:"unused_heartbeat_stats"`
+	UnusedHelpBody       *ebpf.Variable `ebpf:"unused_help_body"`
 	UnusedJoinBody       *ebpf.Variable `ebpf:"unused_join_body"`
 	UnusedKvPair         *ebpf.Variable `ebpf:"unused_kv_pair"`
 	UnusedLimit          *ebpf.Variable `ebpf:"unused_limit"`

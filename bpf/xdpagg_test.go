@@ -226,14 +226,19 @@ func expectDropped(t *testing.T, s *sw, cases []namedFrame, verdict maps.Counter
 
 // ---- 13. control messages ----
 
-// Control messages (JOIN, LEAVE, ACK, RETRANSMIT) within their port's budget go up to the agent
-// untouched (every type from JOIN to HALT but the sparse read-out).
+// Control messages (JOIN, LEAVE, ACK, RETRANSMIT, ...) within their port's budget go up to the
+// agent untouched (every type from JOIN to HALT but the sparse read-out, and HELP, whose member
+// answers carry values).
 func TestSwitchControl(t *testing.T) {
 	s := load(t, 0)
+	var types []uint8
 	for typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN); typ <= uint8(bpf.XdpaggMsgTypeMSG_FBCAST); typ++ {
-		if typ == uint8(bpf.XdpaggMsgTypeMSG_PULL) {
-			continue // a sparse read-out, not a control message
+		if typ != uint8(bpf.XdpaggMsgTypeMSG_PULL) { // a sparse read-out, not a control message
+			types = append(types, typ)
 		}
+	}
+	types = append(types, uint8(bpf.XdpaggMsgTypeMSG_HELP))
+	for _, typ := range types {
 		for _, body := range [][]int32{nil, {7, 8}} {
 			in := controlFrame(typ, body...)
 			t.Run(fmt.Sprintf("type %d with %d values", typ, len(body)), func(t *testing.T) {

@@ -190,13 +190,27 @@ func TestAllReduceAllocs(t *testing.T) {
 }
 
 // BenchmarkAllReduce measures loopback throughput through the PS (no switch): W workers, 1 Mi
-// values each.
+// values each. With /keep, the workers keep their results for member-assisted Help, as joined
+// workers do: the hot-path cost of the ring (docs/protocol.md, HELP).
 func BenchmarkAllReduce(b *testing.B) {
-	for _, w := range []int{1, 4} {
-		b.Run(fmt.Sprintf("W=%d", w), func(b *testing.B) {
-			c := newCluster(b, clusterOpts{w: w})
-			benchAllReduce(b, w, c.allReduce)
-		})
+	for _, keep := range []bool{false, true} {
+		for _, w := range []int{1, 4} {
+			name := fmt.Sprintf("W=%d", w)
+			if keep {
+				name += "/keep"
+			}
+			b.Run(name, func(b *testing.B) {
+				c := newCluster(b, clusterOpts{w: w})
+				if keep {
+					for _, wk := range c.workers {
+						wk.mu.Lock()
+						wk.startKeeping()
+						wk.mu.Unlock()
+					}
+				}
+				benchAllReduce(b, w, c.allReduce)
+			})
+		}
 	}
 }
 

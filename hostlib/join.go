@@ -25,7 +25,9 @@ import (
 //
 // The message is resent, freshly stamped, until the agent acknowledges it or ctx ends. Without a
 // valid JobKey it fails at once with ErrConfig. After a Join the worker also accepts results
-// from sw (the agent's retransmit cache) besides the PS.
+// from sw (the agent's retransmit cache, or another member's result through it: Help) besides the
+// PS, asks sw first for results it lost (iSwitch's Help), and keeps its last 2*Window results to
+// answer sw's requests for other members (MSG_HELP; docs/protocol.md, HELP).
 func (w *Worker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
 	return w.control(ctx, wire.MsgJoin, sw, mac)
 }
@@ -203,6 +205,9 @@ func (w *Worker) controlWith(ctx context.Context, typ uint8, sw netip.AddrPort, 
 					// retransmit cache first, and its answers accepted; LEAVE turns that off.
 					w.ctrl, w.ctrlSet = sw, typ == wire.MsgJoin
 					w.ctrlRaw = swRaw
+					if w.ctrlSet && w.kept == nil {
+						w.startKeeping()
+					}
 				}
 				w.mu.Unlock()
 				if got {
@@ -288,8 +293,9 @@ func (w *Worker) handleAck(b []byte, h *wire.Header, from *unix.RawSockaddrInet4
 	off := int64(h.Seq - uint32(op.seqBase))
 	if op.active && off >= int64(op.low) && off < int64(op.next) {
 		if f := &op.ring[int(off)%len(op.ring)]; f.idx == int(off) && f.askedCache && f.state == fragFixed {
-			w.st.cacheMisses.Add(1) // not complete yet (or evicted): the data timer decides
-			delete(w.cacheAt, h.Seq)
+			// Not cached (not complete yet, or evicted): the data timer decides, and a member
+			// may still answer through the agent (its latency then counts from the request).
+			w.st.cacheMisses.Add(1)
 		}
 	}
 }

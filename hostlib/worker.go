@@ -159,17 +159,19 @@ const FastLossResults = 3
 
 // WorkerStats are a worker's cumulative counters. Every datagram the worker receives counts in
 // exactly one of ResultsReceived, DuplicateResults, OverflowRepairs, Malformed, Foreign,
-// Unauthenticated, Replayed and ControlAcks, or, while it is kept for a fragment not sent yet
-// (Async), in EarlyResults; ShadowResults, ResultsFromPS, Collisions and CacheResults break
-// ResultsReceived down, CacheMisses ControlAcks.
+// Unauthenticated, Replayed, ControlAcks, HelpAnswers and HelpUnknown, or, while it is kept for a
+// fragment not sent yet (Async), in EarlyResults; ShadowResults, ResultsFromPS, Collisions and
+// CacheResults break ResultsReceived down, CacheMisses ControlAcks.
 type WorkerStats struct {
 	DataSent         uint64        // DATA packets sent, retransmissions and float repairs included
 	Retransmits      uint64        // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
 	FastResends      uint64        // of Retransmits (and cache requests): sent early because FastLossResults later results overtook the fragment
-	CacheRequests    uint64        // MSG_RETRANSMIT sent to the switch agent for a lost result
-	CacheResults     uint64        // of ResultsReceived: answered by the agent's retransmit cache (F_CACHED)
-	CacheMisses      uint64        // retransmit requests the agent could not answer (the data was resent)
-	CacheLatency     time.Duration // mean time from a retransmit request to its cached result
+	CacheRequests    uint64        // Help requests (iSwitch's Help, MSG_RETRANSMIT) sent to the switch agent for a lost result
+	CacheResults     uint64        // of ResultsReceived: answered through the agent (F_CACHED): its retransmit cache, or another member (member-assisted Help)
+	CacheMisses      uint64        // Help requests the agent's cache could not answer at once (it asks the job's other members; the data timer goes on)
+	CacheLatency     time.Duration // mean time from a fragment's first Help request to its result through the agent (cache or member)
+	HelpAnswers      uint64        // results this worker sent the switch agent for another member (member-assisted Help, MSG_HELP)
+	HelpUnknown      uint64        // authenticated member-Help requests for a result this worker does not keep: not answered
 	ECNResults       uint64        // results that carried F_ECN (congestion on the job's path)
 	WindowCuts       uint64        // multiplicative decreases of the congestion window
 	Rehashes         uint64        // slot offsets moved by the PS after collisions (ATP's rehash)
@@ -201,7 +203,7 @@ type workerCounters struct {
 	cacheReqs, cacheResults, cacheMisses, cacheLatNs, cacheLatN                                                         atomic.Uint64
 	ecnResults, windowCuts, cwndMilli, minCwndMilli                                                                     atomic.Uint64
 	rehashes, early                                                                                                     atomic.Uint64
-	foreign, unauth, replayed, ctlAcks                                                                                  atomic.Uint64
+	foreign, unauth, replayed, ctlAcks, helpAnswers, helpUnknown                                                        atomic.Uint64
 	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
 
@@ -245,6 +247,11 @@ type Worker struct {
 	ackPkt  [ctlMsgSize]byte // the last cumulative ACK queued, sealed (stays put until flushed)
 	ackedTo int              // fragments of the running operation acknowledged so far
 	cacheAt map[uint32]int64 // seq -> when its result was asked of the cache (ns since epoch)
+
+	// Member-assisted Help (guarded by mu): a joined worker keeps its last 2*Window results, by
+	// seq mod 2*Window, to answer the switch agent's MSG_HELP for a member that lost one.
+	kept    []keptResult
+	helpBuf []byte // one sealed answer part, built and sent by the receive goroutine
 
 	// AIMD congestion window (guarded by mu): fragments allowed in flight, 1..Window. After a
 	// cut, ECN on results of fragments sent before it is not cut again (one cut per RTT).
@@ -314,6 +321,14 @@ type fragment struct {
 	pkt          [wire.MaxPacket]byte // the DATA packet as sent: resends repeat it byte for byte
 }
 
+// keptResult is a result this worker received, kept for other members (member-assisted Help):
+// its header as received and its values (wire bytes) in vals[:4*h.Count].
+type keptResult struct {
+	ok   bool
+	h    wire.Header
+	vals []byte // cap 4*ValuesPerPacket, in one allocation for the whole ring
+}
+
 // recvBatch is how many datagrams one recvmmsg takes.
 const recvBatch = 64
 
@@ -329,9 +344,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		return nil, err
 	}
 	cfg.JobKey = bytes.Clone(cfg.JobKey)
-	// One step queues at most one packet per fragment in flight (data, repair or retransmit
-	// request) plus one cumulative ACK.
-	bc, err := listenBatch(cfg.Local, cfg.SocketBuffer, recvBatch, cfg.Window+1)
+	// One step queues at most two packets per fragment in flight (data, repair or Help request;
+	// a resend of a joined worker's data goes with a new Help request) plus one cumulative ACK.
+	bc, err := listenBatch(cfg.Local, cfg.SocketBuffer, recvBatch, 2*cfg.Window+1)
 	if err != nil {
 		return nil, fmt.Errorf("worker %d of job %d: %w", cfg.WorkerID, cfg.JobID, err)
 	}
@@ -380,6 +395,7 @@ func (w *Worker) Stats() WorkerStats {
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
 		GSOMessages: w.bc.gsoMsgs.Load(),
 		Foreign:     s.foreign.Load(), Unauthenticated: s.unauth.Load(), Replayed: s.replayed.Load(), ControlAcks: s.ctlAcks.Load(),
+		HelpAnswers: s.helpAnswers.Load(), HelpUnknown: s.helpUnknown.Load(),
 	}
 }
 
@@ -576,7 +592,7 @@ func (w *Worker) step() (wait int64, err error) {
 				f.askedCache = true
 				seq := uint32(op.seqBase + uint64(i))
 				wire.EncodeHeader(f.ctl[:], &wire.Header{Version: wire.Version, Type: wire.MsgRetransmit,
-					JobId: w.cfg.JobID, Seq: seq, WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
+					JobId: w.cfg.JobID, Seq: seq, AggIndex: w.aggIndex(op.seqBase + uint64(i)), WorkerId: w.cfg.WorkerID, Bitmap0: 1 << w.cfg.WorkerID})
 				if w.cacheAt == nil {
 					w.cacheAt = map[uint32]int64{}
 				}
@@ -589,6 +605,19 @@ func (w *Worker) step() (wait int64, err error) {
 				}
 				earliest = min(earliest, f.deadline)
 				continue
+			}
+			if w.ctrlSet && f.askedCache && f.state == fragFixed && i == op.low {
+				// The Help request went unanswered (its answer, or a member's, was lost, or no
+				// member had the result yet): ask again with every resend, which alone can
+				// never complete a sum the switch lost after the other members got it. Only
+				// for the oldest fragment: the others wait behind it (a worker stalled behind
+				// a partner asks for sums nobody has, and each miss costs the agent a request
+				// to every member), and each becomes the oldest in turn.
+				if req := w.sealCtl(f.ctl[:]); req != nil {
+					w.bc.queue(&w.ctrlRaw, req, nil)
+					ctlQueued++
+					w.st.cacheReqs.Add(1)
+				}
 			}
 			f.retries++
 			if op.listen {
@@ -795,6 +824,10 @@ func (w *Worker) handleResult(i int) {
 		w.handleHalt(b, &h, from)
 		return
 	}
+	if err == nil && h.Type == wire.MsgHelp {
+		w.handleHelp(b, &h, from)
+		return
+	}
 	if err != nil || h.Type != wire.MsgResult || h.JobId != w.cfg.JobID {
 		w.st.malformed.Add(1)
 		return
@@ -854,6 +887,9 @@ func (w *Worker) applyResult(off int64, h *wire.Header, vals []byte) {
 		w.st.malformed.Add(1)
 		return
 	}
+	if w.kept != nil {
+		w.keep(h, vals)
+	}
 	if f.retries == 0 && !f.askedCache && f.state == fragFixed {
 		if rtt := int64(time.Since(w.epoch)) - f.sentAt; rtt > 0 {
 			w.srtt += (rtt - w.srtt) / 8
@@ -901,6 +937,8 @@ func (w *Worker) applyResult(off int64, h *wire.Header, vals []byte) {
 			w.st.cacheLatN.Add(1)
 			delete(w.cacheAt, h.Seq)
 		}
+	} else if len(w.cacheAt) > 0 {
+		delete(w.cacheAt, h.Seq) // the sum came the usual way after all
 	}
 	if h.Flags&wire.FlagFromSwitch == 0 {
 		w.st.fromPS.Add(1)

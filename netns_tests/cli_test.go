@@ -53,7 +53,9 @@ type inspectOut struct {
 	Ports []uint32 `json:"ports"`
 	InUse int      `json:"slots_in_use"`
 	Cache *struct {
-		Entries, Stored, Hits, Misses, EvictedAcked uint64
+		Entries, Stored, Hits, Misses uint64
+		EvictedAcked                  uint64 `json:"evicted_acked"`
+		Acks                          uint64 `json:"acks"`
 	} `json:"retransmit_cache"`
 }
 

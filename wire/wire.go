@@ -67,12 +67,26 @@ const (
 	MsgLeave      = uint8(4)
 	MsgReset      = uint8(5)
 	MsgAck        = uint8(6)
-	MsgRetransmit = uint8(7)
+	MsgRetransmit = uint8(7) // iSwitch's Help request (MsgHelpRequest)
 	MsgHeartbeat  = uint8(8)
 	MsgPull       = uint8(9)
 	MsgHalt       = uint8(10)
 	MsgSetH       = uint8(11)
 	MsgFBcast     = uint8(12)
+	MsgHelp       = uint8(13) // member-assisted Help: the agent's request to a member, and the member's answer
+)
+
+// MsgHelpRequest is iSwitch's Help: a worker asks the switch's agent for a result it lost (type 7,
+// MSG_RETRANSMIT on the wire). The agent answers from its retransmit cache, else asks the job's
+// other members (MsgHelp).
+const MsgHelpRequest = MsgRetransmit
+
+// Member-assisted Help (MsgHelp) answers: a result travels in parts of at most HelpPartValues
+// values, each after a HelpBodySize-byte body (struct help_body: total u16, offset u16, reserved
+// u32), so that body and authentication trailer still fit the MTU the result was cut for.
+const (
+	HelpPartValues = 256
+	HelpBodySize   = 8
 )
 
 // Value encodings (enum encoding), typed as Header.Encoding.
@@ -234,11 +248,11 @@ var (
 )
 
 // KnownType reports whether t is a message type the switch acts on: DATA, RESULT and PULL, which
-// it handles, and JOIN, LEAVE, RESET, HALT, SETH, FBCAST, ACK, RETRANSMIT and HEARTBEAT, which it
-// passes to its agent. Every other value is malformed.
+// it handles, and JOIN, LEAVE, RESET, HALT, SETH, FBCAST, ACK, RETRANSMIT (Help), HEARTBEAT and
+// HELP, which it passes to its agent. Every other value is malformed.
 func KnownType(t uint8) bool {
 	switch t {
-	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgHeartbeat, MsgPull, MsgHalt, MsgSetH, MsgFBcast:
+	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgHeartbeat, MsgPull, MsgHalt, MsgSetH, MsgFBcast, MsgHelp:
 		return true
 	}
 	return false

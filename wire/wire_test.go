@@ -257,7 +257,7 @@ func TestParsePacketRejects(t *testing.T) {
 
 func TestKnown(t *testing.T) {
 	for ty := range 256 {
-		want := ty >= 1 && ty <= 12
+		want := ty >= 1 && ty <= 13
 		if KnownType(uint8(ty)) != want {
 			t.Errorf("KnownType(%d) = %v", ty, !want)
 		}
