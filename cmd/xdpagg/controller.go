@@ -77,7 +77,7 @@ func runController(args []string, stdout io.Writer) error {
 		return fmt.Errorf("%w: --listen %q: %v", errUsage, *listen, err)
 	}
 	log := slog.Default()
-	m, err := controller.New(local, targets, controller.Policy{Interval: *interval, SuspectAfter: *suspect, FailAfter: *fail,
+	m, err := controller.NewMonitor(local, targets, controller.Policy{Interval: *interval, SuspectAfter: *suspect, FailAfter: *fail,
 		OnChange: func(s controller.Status) {
 			log.Info("switch state", "switch", s.Name, "state", s.State, "reason", s.Reason)
 		}})
