@@ -23,8 +23,9 @@ var (
 	ErrState = errors.New("unreadable controller state")
 	// ErrNoGroup: a request names a group or job the controller does not have.
 	ErrNoGroup = errors.New("no such group or job")
-	// ErrFailover: a failover did not complete (the group stayed on its active switch).
-	ErrFailover = errors.New("failover did not complete")
+	// ErrRequest: the controller refused or could not complete an operator's request (a
+	// failover that did not complete leaves the group on its active switch).
+	ErrRequest = errors.New("controller request failed")
 )
 
 // Reasons for a failover.

@@ -58,7 +58,7 @@ func Ask(ctx context.Context, dir string, req Request) (Reply, error) {
 		return Reply{}, fmt.Errorf("read reply: %w", err)
 	}
 	if r.Error != "" {
-		return r, fmt.Errorf("%w: %s", ErrFailover, r.Error)
+		return r, fmt.Errorf("%w: %s", ErrRequest, r.Error)
 	}
 	return r, nil
 }
