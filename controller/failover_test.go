@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/mgmt"
@@ -301,7 +302,7 @@ func TestFailoverOnDegradation(t *testing.T) {
 	p := newPair(t, DegradePolicy{MaxResendShare: 0.2, MinPackets: 100, Heartbeats: 3})
 	a, b := p.switches[p.primary], p.switches[p.standby]
 	a.members, a.slots = twoMembers, []mgmt.Slot{{Index: 3}, {Index: 4}}
-	p.start(t)
+	c, _ := p.start(t)
 	agent := p.agents[p.primary]
 	var st bpf.XdpaggHeartbeatStats
 	grow := func(agg, resends uint64, beats int) {
@@ -332,6 +333,36 @@ func TestFailoverOnDegradation(t *testing.T) {
 		t.Errorf("standby restored %+v", b.restore)
 	}
 	t.Logf("degraded failover: %s; drain %v, snapshot %v, restore %v, total %v", f.Detail, f.Drain, f.Snapshot, f.Restore, f.Total)
+
+	// Prometheus: the failover by reason, the active switch, the migrated entries.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewControllerCollector(c))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, l := range m.GetLabel() {
+				name += "," + l.GetValue()
+			}
+			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	for k, want := range map[string]float64{
+		"xdpagg_controller_failovers_total,g,degraded": 1, "xdpagg_controller_failovers_total,g,failed": 0,
+		"xdpagg_controller_active_switch,g,sw-b": 1, "xdpagg_controller_active_switch,g,sw-a": 0,
+		"xdpagg_controller_migrated_entries,g,slots": 2, "xdpagg_controller_migrated_entries,g,members": 2,
+	} {
+		if v, ok := got[k]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
+		}
+	}
+	if _, ok := got["xdpagg_controller_migration_seconds,g,total"]; !ok {
+		t.Error("no migration seconds")
+	}
 }
 
 // TestOperatorFailover: `xdpagg failover` through the operator socket drains and moves the
