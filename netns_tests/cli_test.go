@@ -172,11 +172,17 @@ type cliSwitch struct {
 // its ready file; the process is killed at cleanup if the test has not stopped it.
 func startSwitch(t *testing.T, bin, pinRoot string, tp *topo.Topology, extra ...string) *cliSwitch {
 	t.Helper()
+	return startSwitchIn(t, bin, pinRoot, tp.SwitchNS, tp, extra...)
+}
+
+// startSwitchIn is startSwitch in the switch namespace ns (tp.SwitchNS or tp.StandbyNS).
+func startSwitchIn(t *testing.T, bin, pinRoot, ns string, tp *topo.Topology, extra ...string) *cliSwitch {
+	t.Helper()
 	sw := &cliSwitch{exited: make(chan error, 1), readyFile: filepath.Join(t.TempDir(), "ready.json")}
 	for _, h := range tp.Hosts() {
 		sw.ports = append(sw.ports, h.Port)
 	}
-	args := append([]string{"netns", "exec", tp.SwitchNS, bin, "switch", "--name", "t", "--pin-root", pinRoot,
+	args := append([]string{"netns", "exec", ns, bin, "switch", "--name", "t", "--pin-root", pinRoot,
 		"--iface", strings.Join(sw.ports, ","), "--ready-file", sw.readyFile}, extra...)
 	sw.cmd = exec.Command("ip", args...)
 	sw.cmd.Stderr = &sw.stderr

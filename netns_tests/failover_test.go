@@ -1,0 +1,471 @@
+package netns_tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdpagg/xdpagg/agent"
+	"github.com/xdpagg/xdpagg/controller"
+	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/hostlib"
+	"github.com/xdpagg/xdpagg/internal/bpftest"
+	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/mgmt"
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
+)
+
+// The failover tests: a primary and a standby `xdpagg switch` (same port names, addresses and
+// MACs; dual-homed hosts, topo.Config.Standby), an `xdpagg controller --config` in the management
+// namespace that owns the job, and a job's allreduces running, each checked exact, across a
+// failure of the primary.
+
+const failoverPool = 64
+
+// failoverEnv is a primary/standby pair, their controller and one job.
+type failoverEnv struct {
+	bin              string
+	tp               *topo.Topology
+	pinP, pinS       string
+	keyP, keyS       string // the switches' controller key files
+	primary, standby *cliSwitch
+	dir, cfgPath     string // the controller's state directory and config
+	ctl              *cliProc
+}
+
+// cliProc is a daemon run by the test (the controller).
+type cliProc struct {
+	cmd    *exec.Cmd
+	exited chan error
+	stderr bytes.Buffer
+}
+
+// newFailoverEnv builds the topology, starts both switches with their management channels, and
+// writes the controller's config for job with n workers (degrade: the config's "degrade" JSON).
+func newFailoverEnv(t *testing.T, n int, job uint32, degrade string) *failoverEnv {
+	t.Helper()
+	pass := bpftest.LoadSwitch(t, loader.Config{PoolSize: 1})
+	prefix := topo.NewPrefix()
+	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: n, PS: true, HostXDP: pass.Objects.XdpaggPass, Standby: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		tp.Close()
+		if left, _ := topo.Leftovers(prefix); len(left) > 0 {
+			t.Errorf("namespaces left: %v", left)
+		}
+	})
+	keys := t.TempDir()
+	e := &failoverEnv{bin: buildCLI(t), tp: tp, pinP: bpffsDir(t), pinS: bpffsDir(t), dir: t.TempDir(),
+		keyP: filepath.Join(keys, "primary.key"), keyS: filepath.Join(keys, "standby.key")}
+	m := tp.Mgmt
+	e.primary = e.startSwitch(t, tp.SwitchNS, e.pinP, e.keyP, m.Primary.Switch)
+	e.standby = e.startSwitch(t, tp.StandbyNS, e.pinS, e.keyS, m.Standby.Switch)
+	sw := func(name, keyFile string, addr netip.Addr) map[string]any {
+		return map[string]any{"name": name, "mgmt": netip.AddrPortFrom(addr, mgmt.DefaultPort).String(),
+			"heartbeat": netip.AddrPortFrom(addr, loader.DefaultPort).String(), "key_file": keyFile}
+	}
+	cfg := map[string]any{
+		"groups": []any{map[string]any{"name": "g", "primary": sw("sw-a", e.keyP, m.Primary.Switch), "standby": sw("sw-b", e.keyS, m.Standby.Switch)}},
+		"jobs": []any{map[string]any{"id": job, "workers": n, "ps": netip.AddrPortFrom(tp.PS.IP, loader.DefaultPort).String(),
+			"ps_port": tp.PS.Port, "group": "g"}},
+		"heartbeat": map[string]any{"interval": "100ms", "fail_after": 3},
+		"degrade":   json.RawMessage(degrade),
+	}
+	b, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cfgPath = filepath.Join(keys, "controller.json")
+	if err := os.WriteFile(e.cfgPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *failoverEnv) startSwitch(t *testing.T, ns, pinRoot, keyFile string, mgmtAddr netip.Addr) *cliSwitch {
+	t.Helper()
+	return startSwitchIn(t, e.bin, pinRoot, ns, e.tp, "--pool", strconv.Itoa(failoverPool), "--controller-key-file", keyFile,
+		"--mgmt-listen", netip.AddrPortFrom(mgmtAddr, mgmt.DefaultPort).String())
+}
+
+// startController runs `xdpagg controller --config --state-dir` in the management namespace and
+// waits for its ready file.
+func (e *failoverEnv) startController(t *testing.T) {
+	t.Helper()
+	ready := filepath.Join(t.TempDir(), "ready.json")
+	p := &cliProc{exited: make(chan error, 1)}
+	p.cmd = exec.Command("ip", "netns", "exec", e.tp.Mgmt.NS, e.bin, "controller", "--config", e.cfgPath, "--state-dir", e.dir, "--ready-file", ready)
+	p.cmd.Stderr = &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	e.ctl = p
+	deadline := time.After(30 * time.Second)
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			return
+		}
+		select {
+		case err := <-p.exited:
+			t.Fatalf("controller exited before ready: %v\n%s", err, p.stderr.String())
+		case <-deadline:
+			t.Fatalf("controller not ready after 30s\n%s", p.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// killController SIGKILLs the controller.
+func (e *failoverEnv) killController(t *testing.T) {
+	t.Helper()
+	if err := e.ctl.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-e.ctl.exited
+}
+
+// view reads the controller's status file.
+func (e *failoverEnv) view() (controller.View, error) {
+	var v controller.View
+	b, err := os.ReadFile(filepath.Join(e.dir, controller.StatusFile))
+	if err == nil {
+		err = json.Unmarshal(b, &v)
+	}
+	return v, err
+}
+
+// waitView waits until the controller's view satisfies ok.
+func (e *failoverEnv) waitView(t *testing.T, what string, within time.Duration, ok func(controller.View) bool) controller.View {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		v, err := e.view()
+		if err == nil && ok(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(v, "", "  ")
+			t.Fatalf("controller: not %s after %v (%v)\n%s\ncontroller:\n%s\nprimary:\n%s\nstandby:\n%s", what, within, err, b,
+				e.ctl.stderr.String(), e.primary.stderr.String(), e.standby.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startJob waits for the controller to admit job on both switches, then serves its PS and starts
+// and joins its workers with the key the controller wrote for the hosts.
+func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *runningJob {
+	t.Helper()
+	v := e.waitView(t, "job admitted on both switches", 30*time.Second, func(v controller.View) bool {
+		return len(v.Jobs) == 1 && v.Jobs[0].Admitted["sw-a"] && v.Jobs[0].Admitted["sw-b"]
+	})
+	b, err := os.ReadFile(v.Jobs[0].KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ctlauth.ParseKey(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agentEnv{bin: e.bin, tp: e.tp, sw: e.primary, pool: failoverPool}
+	spec := jobSpec{id: id, hosts: e.tp.Workers}
+	a.startPS(ctx, t, spec)
+	j := &runningJob{id: id, hosts: spec.hosts, port: spec.workerPort(), key: key}
+	psAddr := netip.AddrPortFrom(e.tp.PS.IP, loader.DefaultPort)
+	for i, h := range j.hosts {
+		var wk *hostlib.Worker
+		if err := e.tp.InHost(h, func() (err error) {
+			wk, err = hostlib.NewWorker(hostlib.WorkerConfig{JobID: id, WorkerID: uint8(i), NumWorkers: uint8(len(j.hosts)),
+				Local: netip.AddrPortFrom(h.IP, j.port), PS: psAddr, PoolSize: failoverPool, JobKey: key})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { wk.Close() })
+		jctx, jcancel := context.WithTimeout(ctx, 10*time.Second)
+		err := wk.Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC)
+		jcancel()
+		if err != nil {
+			t.Fatalf("worker %d join: %v\n%s", i, err, e.primary.stderr.String())
+		}
+		j.workers = append(j.workers, wk)
+	}
+	e.waitView(t, "the replica holding every member", 30*time.Second, func(v controller.View) bool {
+		return len(v.Groups) == 1 && len(v.Groups[0].Members) == len(j.hosts)
+	})
+	return j
+}
+
+// runAcross runs verified allreduces on j until stop closes, then three more, and returns when
+// they are done (exactness is checked by reduceExact; a failure ends the test).
+func runAcross(ctx context.Context, t *testing.T, j *runningJob, stop <-chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for r := uint64(0); ; r++ {
+			select {
+			case <-stop:
+				reduceExact(ctx, t, j, 3, 20_000, 1000+r)
+				return
+			default:
+			}
+			if t.Failed() {
+				return
+			}
+			reduceExact(ctx, t, j, 1, 50_000, r)
+		}
+	})
+	return &wg
+}
+
+// nextResult returns a channel that receives the time from `since` to the first fragment any of
+// j's workers completes after the call.
+func nextResult(ctx context.Context, j *runningJob, since time.Time) <-chan time.Duration {
+	var base uint64
+	for _, w := range j.workers {
+		base += w.Stats().ResultsReceived
+	}
+	out := make(chan time.Duration, 1)
+	go func() {
+		for ctx.Err() == nil {
+			var n uint64
+			for _, w := range j.workers {
+				n += w.Stats().ResultsReceived
+			}
+			if n > base {
+				out <- time.Since(since)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return out
+}
+
+// stallWatch samples j's completed fragments every millisecond until ctx ends or the returned
+// function is called, which returns the longest time without a completion and when it ended.
+func stallWatch(ctx context.Context, j *runningJob) func() (time.Duration, time.Time) {
+	ctx, cancel := context.WithCancel(ctx)
+	var mu sync.Mutex
+	var longest time.Duration
+	var endedAt time.Time
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var last uint64
+		lastAt := time.Now()
+		for ctx.Err() == nil {
+			var n uint64
+			for _, w := range j.workers {
+				n += w.Stats().ResultsReceived
+			}
+			now := time.Now()
+			if n != last {
+				mu.Lock()
+				if gap := now.Sub(lastAt); gap > longest {
+					longest, endedAt = gap, now
+				}
+				mu.Unlock()
+				last, lastAt = n, now
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return func() (time.Duration, time.Time) {
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return longest, endedAt
+	}
+}
+
+// killPrimary SIGKILLs the primary's agent, detaches its XDP programs (the pinned links go with
+// their pins) and takes its ports down: a switch that died.
+func (e *failoverEnv) killPrimary(t *testing.T) time.Time {
+	t.Helper()
+	if err := e.primary.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-e.primary.exited
+	if err := os.RemoveAll(agent.PinDir(e.pinP, "t")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.tp.SetPortsUp(e.tp.SwitchNS, false); err != nil {
+		t.Fatal(err)
+	}
+	return time.Now()
+}
+
+// checkMoved checks the group's last failover and that the job completes on the standby.
+func (e *failoverEnv) checkMoved(t *testing.T, v controller.View, reason, source string, members int) *controller.Failover {
+	t.Helper()
+	g := v.Groups[0]
+	f := g.LastFailover
+	if f == nil || f.Error != "" || f.Reason != reason || f.Source != source || f.To != "sw-b" || f.Migrated.Members < members {
+		t.Fatalf("last failover %+v, want %s from %s with %d members\ncontroller:\n%s", f, reason, source, members, e.ctl.stderr.String())
+	}
+	if g.Failovers[reason] != 1 {
+		t.Errorf("failovers %v", g.Failovers)
+	}
+	return f
+}
+
+func (e *failoverEnv) standbyCounters(t *testing.T) map[string]uint64 {
+	t.Helper()
+	full := []string{"netns", "exec", e.tp.StandbyNS, e.bin, "inspect", "--json", "--name", "t", "--pin-root", e.pinS}
+	out, err := exec.Command("ip", full...).Output()
+	if err != nil {
+		t.Fatalf("inspect the standby: %v", err)
+	}
+	var in inspectOut
+	if err := json.Unmarshal(out, &in); err != nil {
+		t.Fatal(err)
+	}
+	return in.Counters
+}
+
+// TestFailoverPrimaryKilled: issue 10 (a). The primary's agent is SIGKILLed mid-job, its XDP
+// detached and its ports taken down. The hosts' kernels move the traffic to the standby (carrier
+// loss); the controller declares the primary failed (3 heartbeats of 100 ms) and restores its
+// replica (jobs, keys, members) on the standby; what the primary was aggregating is recovered by
+// the workers' resends and the PS. Every allreduce is exact; the standby aggregates afterwards.
+func TestFailoverPrimaryKilled(t *testing.T) {
+	const job = 71
+	e := newFailoverEnv(t, 3, job, `{"off": true}`)
+	e.startController(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j := e.startJob(ctx, t, job)
+	reduceExact(ctx, t, j, 2, 20_000, 1)
+
+	stop := make(chan struct{})
+	wg := runAcross(ctx, t, j, stop)
+	time.Sleep(150 * time.Millisecond)
+	stall := stallWatch(ctx, j)
+	failed := e.killPrimary(t)
+	next := nextResult(ctx, j, failed)
+	v := e.waitView(t, "moved to the standby", 30*time.Second, func(v controller.View) bool { return v.Groups[0].Active == "sw-b" })
+	close(stop)
+	wg.Wait()
+	longest, _ := stall()
+	f := e.checkMoved(t, v, controller.ReasonFailed, "replica", 3)
+	var recovery time.Duration
+	select {
+	case recovery = <-next:
+	case <-ctx.Done():
+		t.Fatal("no fragment completed after the failure")
+	}
+	c := e.standbyCounters(t)
+	if c["aggregated"] == 0 {
+		t.Errorf("the standby aggregated nothing: %v", c)
+	}
+	t.Logf("primary killed: failover decided %v after the failure (restore %v, %+v); first fragment completed %v after the failure, longest stall %v; standby aggregated %d, to_ps %d",
+		f.Started.Sub(failed).Round(time.Millisecond), f.Restore.Round(time.Microsecond), f.Migrated, recovery.Round(time.Millisecond),
+		longest.Round(time.Millisecond), c["aggregated"], c["to_ps"])
+}
+
+// TestFailoverPrimaryDegraded: issue 10 (b). The primary's links to the workers lose 20% of what
+// it sends them: the workers resend, the controller's degradation policy (resends per aggregated
+// DATA over 3 heartbeats) fires while the primary still answers, and the controller drains it
+// (its agent takes its ports down: the hosts move to the standby), reads its whole state
+// (slots, cache, members) and restores it on the standby. Every allreduce is exact.
+func TestFailoverPrimaryDegraded(t *testing.T) {
+	const job = 72
+	e := newFailoverEnv(t, 3, job, `{"max_resend_share": 0.05, "min_packets": 100, "heartbeats": 3}`)
+	e.startController(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j := e.startJob(ctx, t, job)
+	reduceExact(ctx, t, j, 2, 20_000, 1)
+	if v, _ := e.view(); v.Groups[0].Active != "sw-a" || v.Groups[0].LastFailover != nil {
+		t.Fatalf("a failover before any fault: %+v", v.Groups[0].LastFailover)
+	}
+
+	stop := make(chan struct{})
+	wg := runAcross(ctx, t, j, stop)
+	time.Sleep(100 * time.Millisecond)
+	for _, h := range e.tp.Workers {
+		if err := e.tp.Impair(h, topo.FromSwitch, topo.Impairment{Loss: 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	degraded := time.Now()
+	stall := stallWatch(ctx, j)
+	v := e.waitView(t, "drained to the standby", 60*time.Second, func(v controller.View) bool { return v.Groups[0].Active == "sw-b" })
+	close(stop)
+	wg.Wait()
+	longest, endedAt := stall()
+	f := e.checkMoved(t, v, controller.ReasonDegraded, "drained", 3)
+	t.Logf("primary degraded: %s; failover %v after the loss began: drain %v, snapshot %v, restore %v, total %v; migrated %+v; longest stall without a completed fragment %v (ended %v after the drain began)",
+		f.Detail, f.Started.Sub(degraded).Round(time.Millisecond), f.Drain.Round(time.Microsecond), f.Snapshot.Round(time.Microsecond),
+		f.Restore.Round(time.Microsecond), f.Total.Round(time.Microsecond), f.Migrated, longest.Round(time.Millisecond), endedAt.Sub(f.Started).Round(time.Millisecond))
+	if c := e.standbyCounters(t); c["aggregated"] == 0 {
+		t.Errorf("the standby aggregated nothing: %v", c)
+	}
+}
+
+// TestFailoverControllerRestarted: issue 10 (c). The controller is SIGKILLed mid-job and started
+// again over its state directory: the job (which never depended on it) runs on, the new
+// controller keeps the job's key and admissions, resumes heartbeats and replicas, and when the
+// primary then dies it fails over from the reloaded state. Every allreduce is exact.
+func TestFailoverControllerRestarted(t *testing.T) {
+	const job = 73
+	e := newFailoverEnv(t, 3, job, `{"off": true}`)
+	e.startController(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j := e.startJob(ctx, t, job)
+	before, _ := e.view()
+
+	stop := make(chan struct{})
+	wg := runAcross(ctx, t, j, stop)
+	time.Sleep(100 * time.Millisecond)
+	e.killController(t)
+	time.Sleep(300 * time.Millisecond) // the job runs on without a controller
+	e.startController(t)
+	e.waitView(t, "heartbeating again", 30*time.Second, func(v controller.View) bool {
+		return v.Time.After(before.Time) && len(v.Groups[0].Switches) == 2 && v.Groups[0].Switches[0].State == controller.StateHealthy
+	})
+	after, _ := e.view()
+	if after.Jobs[0].KeyFile != before.Jobs[0].KeyFile {
+		t.Errorf("key file moved: %s -> %s", before.Jobs[0].KeyFile, after.Jobs[0].KeyFile)
+	}
+	b, _ := os.ReadFile(after.Jobs[0].KeyFile)
+	if strings.TrimSpace(string(b)) != ctlauth.FormatKey(j.key) {
+		t.Error("the restarted controller wrote another job key")
+	}
+	stall := stallWatch(ctx, j)
+	failed := e.killPrimary(t)
+	next := nextResult(ctx, j, failed)
+	v := e.waitView(t, "moved to the standby", 30*time.Second, func(v controller.View) bool { return v.Groups[0].Active == "sw-b" })
+	close(stop)
+	wg.Wait()
+	longest, _ := stall()
+	f := e.checkMoved(t, v, controller.ReasonFailed, "replica", 3)
+	recovery := <-next
+	t.Logf("controller restarted, then primary killed: failover %v after the failure, first fragment %v after it, longest stall %v (%+v)",
+		f.Started.Sub(failed).Round(time.Millisecond), recovery.Round(time.Millisecond), longest.Round(time.Millisecond), f.Migrated)
+	if strings.Count(e.ctl.stderr.String(), fmt.Sprintf("admit job %d", job)) > 0 {
+		t.Errorf("the restarted controller admitted again or failed to:\n%s", e.ctl.stderr.String())
+	}
+}
