@@ -204,6 +204,21 @@ func (p *pair) failover(t *testing.T) Failover {
 	return Failover{}
 }
 
+// waitReplica waits for a replica of the active switch with members members.
+func (p *pair) waitReplica(t *testing.T, members int) {
+	t.Helper()
+	eventually(t, "replica", func() bool {
+		gs := p.state(t).Groups["g"]
+		return gs.Replica != nil && len(gs.Replica.Members) == members
+	})
+}
+
+// kill makes a switch stop answering heartbeats and management calls.
+func (p *pair) kill(name string) {
+	p.agents[name].silent.Store(true)
+	p.switches[name].setBroken(errors.New("connection refused"))
+}
+
 var twoMembers = []mgmt.Member{{Job: 7, Worker: 0, Port: "p0"}, {Job: 7, Worker: 1, Port: "p1"}}
 
 // TestAdmitAndReplicate: the controller makes the job's key, writes it 0600 for the hosts, admits
@@ -261,9 +276,8 @@ func TestFailoverOnFailure(t *testing.T) {
 	a, b := p.switches[p.primary], p.switches[p.standby]
 	a.members = twoMembers
 	c, _ := p.start(t)
-	eventually(t, "replica", func() bool { gs := p.state(t).Groups["g"]; return gs.Replica != nil && len(gs.Replica.Members) == 2 })
-	p.agents[p.primary].silent.Store(true)
-	a.setBroken(errors.New("connection refused"))
+	p.waitReplica(t, 2)
+	p.kill(p.primary)
 	f := p.failover(t)
 	if f.Reason != ReasonFailed || f.From != p.primary || f.To != p.standby || f.Source != "replica" || f.Error != "" ||
 		f.Migrated.Members != 2 || f.Migrated.Jobs != 1 {
@@ -374,7 +388,7 @@ func TestOperatorFailover(t *testing.T) {
 	a, b := p.switches[p.primary], p.switches[p.standby]
 	a.members = twoMembers
 	p.start(t)
-	eventually(t, "replica", func() bool { gs := p.state(t).Groups["g"]; return gs.Replica != nil })
+	p.waitReplica(t, 2)
 	eventually(t, "standby healthy", func() bool { return len(p.agents) == 2 && p.state(t).Jobs[7].Admitted[p.standby] })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -426,12 +440,11 @@ func TestRestart(t *testing.T) {
 	a, b := p.switches[p.primary], p.switches[p.standby]
 	a.members = twoMembers
 	_, stop := p.start(t)
-	eventually(t, "replica", func() bool { gs := p.state(t).Groups["g"]; return gs.Replica != nil && len(gs.Replica.Members) == 2 })
+	p.waitReplica(t, 2)
 	key := p.state(t).Jobs[7].Key
 	stop()
 	// The primary dies while no controller runs: the new one never reads it.
-	p.agents[p.primary].silent.Store(true)
-	a.setBroken(errors.New("connection refused"))
+	p.kill(p.primary)
 	p.start(t)
 	f := p.failover(t)
 	if f.Source != "replica" || f.Migrated.Members != 2 || f.Error != "" {

@@ -141,8 +141,15 @@ func (s jobSpec) workerPort() uint16 {
 // startJob admits one job (`xdpagg job add`) and starts and JOINs its workers with its key.
 func (a *agentEnv) startJob(ctx context.Context, t *testing.T, s jobSpec) *runningJob {
 	t.Helper()
-	psAddr := netip.AddrPortFrom(a.tp.PS.IP, loader.DefaultPort)
 	j := &runningJob{id: s.id, hosts: s.hosts, port: s.workerPort(), key: a.admit(t, s.id, len(s.hosts), s.extra...)}
+	a.startWorkers(ctx, t, j)
+	return j
+}
+
+// startWorkers starts and JOINs j's workers (through each host's gateway) with j's key.
+func (a *agentEnv) startWorkers(ctx context.Context, t *testing.T, j *runningJob) {
+	t.Helper()
+	psAddr := netip.AddrPortFrom(a.tp.PS.IP, loader.DefaultPort)
 	for i, h := range j.hosts {
 		var wk *hostlib.Worker
 		if err := a.tp.InHost(h, func() (err error) {
@@ -161,7 +168,6 @@ func (a *agentEnv) startJob(ctx context.Context, t *testing.T, s jobSpec) *runni
 		}
 		j.workers = append(j.workers, wk)
 	}
-	return j
 }
 
 // reduceExact runs rounds verified allreduces of n values on the job's workers.

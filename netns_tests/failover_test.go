@@ -1,7 +1,6 @@
 package netns_tests
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,8 +18,6 @@ import (
 	"github.com/xdpagg/xdpagg/agent"
 	"github.com/xdpagg/xdpagg/controller"
 	"github.com/xdpagg/xdpagg/ctlauth"
-	"github.com/xdpagg/xdpagg/hostlib"
-	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/mgmt"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
@@ -44,29 +41,11 @@ type failoverEnv struct {
 	ctl              *cliProc
 }
 
-// cliProc is a daemon run by the test (the controller).
-type cliProc struct {
-	cmd    *exec.Cmd
-	exited chan error
-	stderr bytes.Buffer
-}
-
 // newFailoverEnv builds the topology, starts both switches with their management channels, and
 // writes the controller's config for job with n workers (degrade: the config's "degrade" JSON).
 func newFailoverEnv(t *testing.T, n int, job uint32, degrade string) *failoverEnv {
 	t.Helper()
-	pass := bpftest.LoadSwitch(t, loader.Config{PoolSize: 1})
-	prefix := topo.NewPrefix()
-	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: n, PS: true, HostXDP: pass.Objects.XdpaggPass, Standby: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		tp.Close()
-		if left, _ := topo.Leftovers(prefix); len(left) > 0 {
-			t.Errorf("namespaces left: %v", left)
-		}
-	})
+	tp := newAgentTopoOf(t, topo.Config{Workers: n, PS: true, Standby: true})
 	keys := t.TempDir()
 	e := &failoverEnv{bin: buildCLI(t), tp: tp, pinP: bpffsDir(t), pinS: bpffsDir(t), dir: t.TempDir(),
 		keyP: filepath.Join(keys, "primary.key"), keyS: filepath.Join(keys, "standby.key")}
@@ -106,33 +85,7 @@ func (e *failoverEnv) startSwitch(t *testing.T, ns, pinRoot, keyFile string, mgm
 func (e *failoverEnv) startController(t *testing.T) {
 	t.Helper()
 	ready := filepath.Join(t.TempDir(), "ready.json")
-	p := &cliProc{exited: make(chan error, 1)}
-	p.cmd = exec.Command("ip", "netns", "exec", e.tp.Mgmt.NS, e.bin, "controller", "--config", e.cfgPath, "--state-dir", e.dir, "--ready-file", ready)
-	p.cmd.Stderr = &p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exited <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-	e.ctl = p
-	deadline := time.After(30 * time.Second)
-	for {
-		if _, err := os.Stat(ready); err == nil {
-			return
-		}
-		select {
-		case err := <-p.exited:
-			t.Fatalf("controller exited before ready: %v\n%s", err, p.stderr.String())
-		case <-deadline:
-			t.Fatalf("controller not ready after 30s\n%s", p.stderr.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	e.ctl = startDaemon(t, "controller", ready, "netns", "exec", e.tp.Mgmt.NS, e.bin, "controller", "--config", e.cfgPath, "--state-dir", e.dir, "--ready-file", ready)
 }
 
 // killController SIGKILLs the controller.
@@ -191,25 +144,7 @@ func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *ru
 	spec := jobSpec{id: id, hosts: e.tp.Workers}
 	a.startPS(ctx, t, spec)
 	j := &runningJob{id: id, hosts: spec.hosts, port: spec.workerPort(), key: key}
-	psAddr := netip.AddrPortFrom(e.tp.PS.IP, loader.DefaultPort)
-	for i, h := range j.hosts {
-		var wk *hostlib.Worker
-		if err := e.tp.InHost(h, func() (err error) {
-			wk, err = hostlib.NewWorker(hostlib.WorkerConfig{JobID: id, WorkerID: uint8(i), NumWorkers: uint8(len(j.hosts)),
-				Local: netip.AddrPortFrom(h.IP, j.port), PS: psAddr, PoolSize: failoverPool, JobKey: key})
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { wk.Close() })
-		jctx, jcancel := context.WithTimeout(ctx, 10*time.Second)
-		err := wk.Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC)
-		jcancel()
-		if err != nil {
-			t.Fatalf("worker %d join: %v\n%s", i, err, e.primary.stderr.String())
-		}
-		j.workers = append(j.workers, wk)
-	}
+	a.startWorkers(ctx, t, j)
 	e.waitView(t, "the replica holding every member", 30*time.Second, func(v controller.View) bool {
 		return len(v.Groups) == 1 && len(v.Groups[0].Members) == len(j.hosts)
 	})
@@ -316,6 +251,29 @@ func (e *failoverEnv) killPrimary(t *testing.T) time.Time {
 	return time.Now()
 }
 
+// failPrimary kills the primary while j runs (runAcross until stop), waits for the controller to
+// move the group to the standby from its replica and for the job's allreduces to finish, and
+// returns when the primary failed, the failover, the time to the job's first completed fragment
+// after the failure and the longest time without one.
+func (e *failoverEnv) failPrimary(ctx context.Context, t *testing.T, j *runningJob, stop chan struct{}, wg *sync.WaitGroup) (time.Time, *controller.Failover, time.Duration, time.Duration) {
+	t.Helper()
+	stall := stallWatch(ctx, j)
+	failed := e.killPrimary(t)
+	next := nextResult(ctx, j, failed)
+	v := e.waitView(t, "moved to the standby", 30*time.Second, func(v controller.View) bool { return v.Groups[0].Active == "sw-b" })
+	close(stop)
+	wg.Wait()
+	longest, _ := stall()
+	f := e.checkMoved(t, v, controller.ReasonFailed, "replica", len(j.hosts))
+	select {
+	case recovery := <-next:
+		return failed, f, recovery, longest
+	case <-ctx.Done():
+		t.Fatal("no fragment completed after the failure")
+	}
+	return failed, f, 0, longest
+}
+
 // checkMoved checks the group's last failover and that the job completes on the standby.
 func (e *failoverEnv) checkMoved(t *testing.T, v controller.View, reason, source string, members int) *controller.Failover {
 	t.Helper()
@@ -361,20 +319,7 @@ func TestFailoverPrimaryKilled(t *testing.T) {
 	stop := make(chan struct{})
 	wg := runAcross(ctx, t, j, stop)
 	time.Sleep(150 * time.Millisecond)
-	stall := stallWatch(ctx, j)
-	failed := e.killPrimary(t)
-	next := nextResult(ctx, j, failed)
-	v := e.waitView(t, "moved to the standby", 30*time.Second, func(v controller.View) bool { return v.Groups[0].Active == "sw-b" })
-	close(stop)
-	wg.Wait()
-	longest, _ := stall()
-	f := e.checkMoved(t, v, controller.ReasonFailed, "replica", 3)
-	var recovery time.Duration
-	select {
-	case recovery = <-next:
-	case <-ctx.Done():
-		t.Fatal("no fragment completed after the failure")
-	}
+	failed, f, recovery, longest := e.failPrimary(ctx, t, j, stop, wg)
 	c := e.standbyCounters(t)
 	if c["aggregated"] == 0 {
 		t.Errorf("the standby aggregated nothing: %v", c)
@@ -454,15 +399,7 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	if strings.TrimSpace(string(b)) != ctlauth.FormatKey(j.key) {
 		t.Error("the restarted controller wrote another job key")
 	}
-	stall := stallWatch(ctx, j)
-	failed := e.killPrimary(t)
-	next := nextResult(ctx, j, failed)
-	v := e.waitView(t, "moved to the standby", 30*time.Second, func(v controller.View) bool { return v.Groups[0].Active == "sw-b" })
-	close(stop)
-	wg.Wait()
-	longest, _ := stall()
-	f := e.checkMoved(t, v, controller.ReasonFailed, "replica", 3)
-	recovery := <-next
+	failed, f, recovery, longest := e.failPrimary(ctx, t, j, stop, wg)
 	t.Logf("controller restarted, then primary killed: failover %v after the failure, first fragment %v after it, longest stall %v (%+v)",
 		f.Started.Sub(failed).Round(time.Millisecond), recovery.Round(time.Millisecond), longest.Round(time.Millisecond), f.Migrated)
 	if strings.Count(e.ctl.stderr.String(), fmt.Sprintf("admit job %d", job)) > 0 {
