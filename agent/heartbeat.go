@@ -20,16 +20,15 @@ func (c *ControlServer) SetControllerKey(key []byte) { c.ctlKey = append([]byte(
 // heartbeat answers the controller: job_id 0, a bare header and the trailer under the controller
 // key, a fresh stamp from that sender. The answer is the same header (type and seq) with a
 // struct heartbeat_stats body, sealed under the same key, from the address it was sent to.
-// Heartbeats are taken on any interface, not only switch ports: the controller reaches agents
-// over a management network of their own (a standby switch has the primary's port addresses, so
-// the ports cannot tell the two apart), and the controller key, not the arrival port, is what
-// makes a heartbeat authentic.
 func (c *ControlServer) heartbeat(b []byte, h wire.Header, ifindex int, from netip.AddrPort) error {
 	if len(c.ctlKey) != ctlauth.KeySize {
 		return refuse(RejectUnauth, "HEARTBEAT from %v: this switch has no controller key", from)
 	}
 	if h.JobId != 0 || h.Count != 0 || len(b) != wire.HdrSize+ctlauth.TrailerSize {
 		return refuse(RejectMalformed, "HEARTBEAT of %d bytes for job %d", len(b), h.JobId)
+	}
+	if _, ok := c.ports[ifindex]; !ok {
+		return refuse(RejectNotAPort, "HEARTBEAT arrived on ifindex %d, not a switch port", ifindex)
 	}
 	_, stamp, err := ctlauth.Open(c.ctlKey, b)
 	if err != nil {
