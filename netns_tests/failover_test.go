@@ -333,7 +333,8 @@ func TestFailoverPrimaryKilled(t *testing.T) {
 // it sends them: the workers resend, the controller's degradation policy (resends per aggregated
 // DATA over 3 heartbeats) fires while the primary still answers, and the controller drains it
 // (its agent takes its ports down: the hosts move to the standby), reads its whole state
-// (slots, cache, members) and restores it on the standby. Every allreduce is exact.
+// (slots, cache, members) and restores it on the standby. Then the operator fails back by hand
+// (`xdpagg failover`). Every allreduce is exact.
 func TestFailoverPrimaryDegraded(t *testing.T) {
 	const job = 72
 	e := newFailoverEnv(t, 3, job, `{"max_resend_share": 0.05, "min_packets": 100, "heartbeats": 3}`)
@@ -367,6 +368,44 @@ func TestFailoverPrimaryDegraded(t *testing.T) {
 	if c := e.standbyCounters(t); c["aggregated"] == 0 {
 		t.Errorf("the standby aggregated nothing: %v", c)
 	}
+
+	// Fail back by hand, as docs/operations.md says: the primary's link is mended, `xdpagg
+	// failover` drains the standby and moves the state back, the primary's ports come up (the
+	// hosts follow the carrier), then the standby's (it is the standby again). The job runs on.
+	for _, h := range e.tp.Workers {
+		if err := e.tp.ClearImpair(h, topo.FromSwitch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop = make(chan struct{})
+	wg = runAcross(ctx, t, j, stop)
+	time.Sleep(100 * time.Millisecond)
+	stall = stallWatch(ctx, j)
+	back := time.Now()
+	out, err := exec.CommandContext(ctx, e.bin, "failover", "--state-dir", e.dir, "--group", "g").Output()
+	if err != nil {
+		t.Fatalf("xdpagg failover: %v\n%s", err, e.ctl.stderr.String())
+	}
+	var fb controller.Failover
+	if err := json.Unmarshal(out, &fb); err != nil || fb.To != "sw-a" || fb.Source != "drained" || fb.Reason != controller.ReasonOperator {
+		t.Fatalf("xdpagg failover printed %s (%v)", out, err)
+	}
+	if err := e.tp.SetPortsUp(e.tp.SwitchNS, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.tp.SetPortsUp(e.tp.StandbyNS, true); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	longest, _ = stall()
+	v, err = e.view()
+	if err != nil || v.Groups[0].Active != "sw-a" || !v.Groups[0].Armed || v.Groups[0].Failovers[controller.ReasonOperator] != 1 {
+		t.Errorf("after the fail-back: %+v %v", v.Groups, err)
+	}
+	t.Logf("fail-back by hand: %v from the request to the primary's ports up; drain %v, snapshot %v, restore %v; migrated %+v; longest stall %v",
+		time.Since(back).Round(time.Millisecond), fb.Drain.Round(time.Microsecond), fb.Snapshot.Round(time.Microsecond), fb.Restore.Round(time.Microsecond),
+		fb.Migrated, longest.Round(time.Millisecond))
 }
 
 // TestFailoverControllerRestarted: issue 10 (c). The controller is SIGKILLed mid-job and started
