@@ -22,6 +22,7 @@ import (
 
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/mgmt"
 )
 
 // DefaultPinRoot is where switches pin their maps, one directory per switch name.
@@ -51,6 +52,11 @@ type Config struct {
 	// ControllerKey authenticates the controller's heartbeats (ctlauth.KeySize bytes); nil: the
 	// agent refuses them.
 	ControllerKey []byte
+	// MgmtListen is the TCP address (host:port) of the management channel (package mgmt), on
+	// which the controller admits, moves and drains; empty: off. Needs ControllerKey. Heartbeats
+	// arriving on the interface of its address (any interface when the host is unspecified) are
+	// answered too.
+	MgmtListen string
 }
 
 // Ready is what the ready file contains.
@@ -61,6 +67,7 @@ type Ready struct {
 	Port        uint16   `json:"port"`
 	PoolSize    uint32   `json:"pool_size"`
 	MetricsAddr string   `json:"metrics_addr,omitempty"`
+	MgmtAddr    string   `json:"mgmt_addr,omitempty"`
 	PID         int      `json:"pid"`
 }
 
@@ -89,6 +96,11 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: interface %q named twice", ErrConfig, i)
 		}
 		seen[i] = true
+	}
+	if c.MgmtListen != "" {
+		if _, _, err := net.SplitHostPort(c.MgmtListen); err != nil {
+			return fmt.Errorf("%w: management address %q: use host:port, e.g. 10.0.0.5:%d: %v", ErrConfig, c.MgmtListen, mgmt.DefaultPort, err)
+		}
 	}
 	return c.Switch.WithDefaults().Validate()
 }
@@ -292,6 +304,33 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.ControllerKey != nil {
 		ctrl.SetControllerKey(cfg.ControllerKey)
 	}
+	var mgmtSrv *mgmt.Server
+	mgmtAddr := ""
+	if cfg.MgmtListen != "" {
+		if cfg.ControllerKey == nil {
+			return fmt.Errorf("%w: the management channel (--mgmt-listen) needs the controller key (--controller-key-file)", ErrConfig)
+		}
+		ports := make([]MgmtPort, 0, len(links))
+		for _, l := range links {
+			ports = append(ports, MgmtPort{Name: l.Attrs().Name, Ifindex: l.Attrs().Index, MAC: l.Attrs().HardwareAddr})
+		}
+		srv, ln, err := listenMgmt(cfg.MgmtListen, cfg.ControllerKey, NewManager(cfg.Name, sw.Maps, ctrl, ports, log), ctrl, log)
+		if err != nil {
+			return err
+		}
+		mgmtSrv, mgmtAddr = srv, ln.Addr().String()
+		mgmtCtx, mgmtCancel := context.WithCancel(ctx)
+		mgmtDone := make(chan error, 1)
+		go func() {
+			err := srv.Serve(mgmtCtx, ln)
+			if err != nil { // the switch keeps running without it (heartbeats still work)
+				log.Error("management channel stopped", "err", err)
+			}
+			mgmtDone <- err
+		}()
+		defer func() { mgmtCancel(); <-mgmtDone }()
+		log.Info("management channel", "addr", mgmtAddr)
+	}
 	ctrlDone := make(chan error, 1)
 	go func() { ctrlDone <- ctrl.Serve(ctx) }()
 	gcCtx, gcCancel := context.WithCancel(ctx)
@@ -304,7 +343,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	metricsAddr := ""
 	if cfg.MetricsAddr != "" {
-		addr, stop, err := ServeMetrics(cfg.MetricsAddr, log, NewCollector(sw.Maps).WithControl(ctrl))
+		addr, stop, err := ServeMetrics(cfg.MetricsAddr, log, NewCollector(sw.Maps).WithControl(ctrl).WithMgmt(mgmtSrv))
 		if err != nil {
 			return err
 		}
@@ -315,7 +354,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	if cfg.ReadyFile != "" {
 		r := Ready{Name: cfg.Name, PinDir: dir, Interfaces: cfg.Interfaces, Port: sw.Config.Port,
-			PoolSize: sw.Config.PoolSize, MetricsAddr: metricsAddr, PID: os.Getpid()}
+			PoolSize: sw.Config.PoolSize, MetricsAddr: metricsAddr, MgmtAddr: mgmtAddr, PID: os.Getpid()}
 		b, _ := json.MarshalIndent(r, "", "  ")
 		tmp := cfg.ReadyFile + ".tmp"
 		if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {

@@ -244,3 +244,21 @@ func (c *ResultCache) evictOldest() {
 		c.st.EvictedAge++
 	}
 }
+
+// Export returns copies of the cached results (struct result_rec as stored: header and values),
+// oldest first: what a standby switch's cache takes over (Import) when the controller moves the
+// switch's jobs there. Acknowledgements are not exported: the standby learns them from the
+// workers' next ACKs, and until then keeps the results (or ages them out).
+func (c *ResultCache) Export() [][]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([][]byte, 0, len(c.entries))
+	seen := make(map[cacheKey]bool, len(c.entries))
+	for _, k := range c.order.keys[c.order.head:] {
+		if e, ok := c.entries[k]; ok && !seen[k] { // a key stored twice is queued twice
+			seen[k] = true
+			out = append(out, append([]byte(nil), e.pkt...))
+		}
+	}
+	return out
+}

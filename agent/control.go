@@ -84,6 +84,10 @@ type ControlServer struct {
 
 	ctlKey    []byte                         // the controller's key (heartbeats); nil: none
 	ctlReplay ctlauth.Replay[netip.AddrPort] // the controller's stamps, by sender
+	// Heartbeats are answered on the switch ports and on these management interfaces (the
+	// controller's own network, not behind a port); hbAnyIface: on every interface.
+	hbIfaces   map[int]bool
+	hbAnyIface bool
 
 	mu       sync.Mutex
 	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
@@ -639,4 +643,15 @@ func rejectReasons() []string {
 		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectPortFull, RejectInternal}
 	sort.Strings(r)
 	return r
+}
+
+// forgetJob drops what the server remembers of job (its workers' stamps and liveness, its
+// admission key, its cached results): the job was removed.
+func (c *ControlServer) forgetJob(job uint32) { c.forget(func(j uint32) bool { return j == job }) }
+
+// restoredMember starts the member TTL of a worker id bound by a restore now, as if the worker had
+// just sent an authenticated message: its binding is not takeable until it has been silent here
+// for MemberTTL.
+func (c *ControlServer) restoredMember(job uint32, worker uint8) {
+	c.touch(workerRef{job, worker}, time.Now())
 }

@@ -17,6 +17,18 @@ import (
 // refused. Call before Serve.
 func (c *ControlServer) SetControllerKey(key []byte) { c.ctlKey = append([]byte(nil), key...) }
 
+// SetHeartbeatInterfaces makes the server answer heartbeats arriving on the management
+// interfaces ifindexes too (any: on every interface), not only on the switch ports: the
+// controller sits on a management network of its own (`xdpagg switch --mgmt-listen`). They are
+// still authenticated under the controller key. Call before Serve.
+func (c *ControlServer) SetHeartbeatInterfaces(any bool, ifindexes ...int) {
+	c.hbAnyIface = any
+	c.hbIfaces = map[int]bool{}
+	for _, i := range ifindexes {
+		c.hbIfaces[i] = true
+	}
+}
+
 // heartbeat answers the controller: job_id 0, a bare header and the trailer under the controller
 // key, a fresh stamp from that sender. The answer is the same header (type and seq) with a
 // struct heartbeat_stats body, sealed under the same key, from the address it was sent to.
@@ -27,8 +39,8 @@ func (c *ControlServer) heartbeat(b []byte, h wire.Header, ifindex int, from net
 	if h.JobId != 0 || h.Count != 0 || len(b) != wire.HdrSize+ctlauth.TrailerSize {
 		return refuse(RejectMalformed, "HEARTBEAT of %d bytes for job %d", len(b), h.JobId)
 	}
-	if _, ok := c.ports[ifindex]; !ok {
-		return refuse(RejectNotAPort, "HEARTBEAT arrived on ifindex %d, not a switch port", ifindex)
+	if _, ok := c.ports[ifindex]; !ok && !c.hbAnyIface && !c.hbIfaces[ifindex] {
+		return refuse(RejectNotAPort, "HEARTBEAT arrived on ifindex %d, neither a switch port nor the management interface", ifindex)
 	}
 	_, stamp, err := ctlauth.Open(c.ctlKey, b)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/mgmt"
 )
 
 // Collector exports a switch's counters and slot usage to Prometheus, the sparse datapath's
@@ -16,6 +17,8 @@ import (
 type Collector struct {
 	maps     *maps.Maps
 	ctrl     *ControlServer // nil: no control-plane metrics
+	mgmt     *mgmt.Server   // nil: no management-channel metrics
+	mgmtBad  *prometheus.Desc
 	packets  *prometheus.Desc
 	slots    *prometheus.Desc
 	pool     *prometheus.Desc
@@ -41,6 +44,8 @@ func NewCollector(m *maps.Maps) *Collector {
 		members:  prometheus.NewDesc("xdpagg_switch_members", "Job members the switch sends results to.", nil, nil),
 		jobs:     prometheus.NewDesc("xdpagg_switch_jobs", "Jobs admitted by the operator (xdpagg job add).", nil, nil),
 		rejected: prometheus.NewDesc("xdpagg_agent_control_rejected_total", "Control messages the agent refused, by reason (docs/security.md).", []string{"reason"}, nil),
+		mgmtBad: prometheus.NewDesc("xdpagg_agent_mgmt_dropped_total",
+			"Management connections the agent dropped without an answer, by reason (docs/security.md, Management channel).", []string{"reason"}, nil),
 		scrapeOK: prometheus.NewDesc("xdpagg_switch_scrape_ok", "1 if the maps could be read.", nil, nil),
 		recirc: prometheus.NewDesc("xdpagg_switch_recirculation_packets",
 			"Hot (sparse) packets by the passes through the pipeline they took: 0 for empty markers, k for k-1 recirculations.", []string{"passes"}, nil),
@@ -61,9 +66,16 @@ func (c *Collector) WithControl(ctrl *ControlServer) *Collector {
 	return c
 }
 
+// WithMgmt adds the management channel's dropped connections (mgmt.Server.BadFrames) to what c
+// exports (nil: none), and returns c.
+func (c *Collector) WithMgmt(s *mgmt.Server) *Collector {
+	c.mgmt = s
+	return c
+}
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.scrapeOK,
+	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.mgmtBad, c.scrapeOK,
 		c.recirc, c.sparseIter, c.sparseVer, c.sparseFill, c.sparseReady} {
 		ch <- d
 	}
@@ -110,6 +122,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	} else {
 		ok = 0
+	}
+	if c.mgmt != nil {
+		got := c.mgmt.BadFrames()
+		for _, r := range mgmt.BadFrameReasons() {
+			ch <- prometheus.MustNewConstMetric(c.mgmtBad, prometheus.CounterValue, float64(got[r]), r)
+		}
 	}
 	if c.ctrl != nil {
 		// Every reason, refused or not yet: a rate over a series that appears late misses its start.

@@ -405,6 +405,15 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 	}
 	if snap != nil {
 		t := time.Now()
+		// What the target holds of these jobs is stale (from its last time as the active switch,
+		// or packets that reached it before this restore): clear it, so that the snapshot's slots
+		// apply; the contributions cleared are resent by the workers (as after MSG_RESET).
+		for _, j := range snap.Jobs {
+			err := c.call(ctx, func(ctx context.Context) error { return c.sw[f.To].Reset(ctx, j.ID) })
+			if err != nil && !errors.Is(err, mgmt.ErrRefused) {
+				f.Notes = append(f.Notes, fmt.Sprintf("reset job %d on %s before the restore: %v", j.ID, f.To, err))
+			}
+		}
 		err := c.call(ctx, func(ctx context.Context) (err error) {
 			f.Migrated, err = c.sw[f.To].Restore(ctx, snap)
 			return err

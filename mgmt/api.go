@@ -16,7 +16,10 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
+
+	"github.com/xdpagg/xdpagg/ctlauth"
 )
 
 // Sentinels.
@@ -28,6 +31,12 @@ var (
 	// ErrIncompatible: a snapshot that does not fit this switch (pool size, register arrays,
 	// a port name it does not have).
 	ErrIncompatible = errors.New("snapshot does not fit this switch")
+	// ErrFailed: the agent accepted the request but could not carry it out (a map operation
+	// failed; the error text says which).
+	ErrFailed = errors.New("the switch failed the request")
+	// ErrFrame: a frame that cannot be read (length beyond MaxFrame, truncated, or a connection
+	// closed before the answer: the agent closes connections on frames it does not accept).
+	ErrFrame = errors.New("bad management frame")
 )
 
 // DefaultPort is the agent's management TCP port.
@@ -111,29 +120,72 @@ type Handler interface {
 	Drain() error // take every host port down; maps stay readable; heartbeats keep answering
 }
 
-// Client is the controller's side of one switch's management channel.
+// Client is the controller's side of one switch's management channel. Calls on one Client are
+// made one at a time (each takes its stamp just before it is sent, so the agent sees them in
+// stamp order); concurrent callers queue.
 type Client struct {
 	addr netip.AddrPort
 	key  []byte
+
+	mu      sync.Mutex // one exchange at a time
+	keys    frameKeys
+	stamper ctlauth.Stamper
+	// Timeout bounds an exchange whose ctx has no deadline (default DefaultTimeout).
+	Timeout time.Duration
 }
+
+// DefaultTimeout bounds one exchange (connect, request, the switch's work, response) when the
+// caller's context has no deadline.
+const DefaultTimeout = 2 * time.Minute
 
 // Dial returns a client of the agent at addr under the switch's controller key. Connections are
 // made per call (and re-made after a failure), so a Client outlives agent restarts.
 func Dial(addr netip.AddrPort, key []byte) (*Client, error) {
-	return &Client{addr: addr, key: append([]byte(nil), key...)}, nil
+	keys, err := deriveKeys(key)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{addr: addr, key: append([]byte(nil), key...), keys: keys}, nil
 }
 
-var errUnbuilt = errors.New("mgmt: not built yet")
+// Admit admits j on the switch; a job already admitted with the same key and parameters is
+// success.
+func (c *Client) Admit(ctx context.Context, j Job) error { return c.call(ctx, opAdmit, j, nil) }
 
-func (c *Client) Admit(ctx context.Context, j Job) error                   { return errUnbuilt }
-func (c *Client) Remove(ctx context.Context, id uint32) error              { return errUnbuilt }
-func (c *Client) Reset(ctx context.Context, id uint32) error               { return errUnbuilt }
-func (c *Client) Snapshot(ctx context.Context, s Scope) (*Snapshot, error) { return nil, errUnbuilt }
+// Remove ends a job on the switch (`xdpagg job rm`).
+func (c *Client) Remove(ctx context.Context, id uint32) error { return c.call(ctx, opRemove, id, nil) }
+
+// Reset clears a job's slots, registers and iteration records, keeping its admission and members
+// (MSG_RESET).
+func (c *Client) Reset(ctx context.Context, id uint32) error { return c.call(ctx, opReset, id, nil) }
+
+// Snapshot reads the switch's state.
+func (c *Client) Snapshot(ctx context.Context, s Scope) (*Snapshot, error) {
+	var out Snapshot
+	if err := c.call(ctx, opSnapshot, s, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Restore writes a snapshot (of another switch) into the switch.
 func (c *Client) Restore(ctx context.Context, s *Snapshot) (RestoreStats, error) {
-	return RestoreStats{}, errUnbuilt
+	var out RestoreStats
+	err := c.call(ctx, opRestore, s, &out)
+	return out, err
 }
-func (c *Client) Drain(ctx context.Context) error { return errUnbuilt }
-func (c *Client) Close() error                    { return nil }
 
-// Serve answers management connections on ln with h until ctx ends.
-func Serve(ctx context.Context, ln net.Listener, key []byte, h Handler) error { return errUnbuilt }
+// Drain takes the switch's host ports down (idempotent).
+func (c *Client) Drain(ctx context.Context) error { return c.call(ctx, opDrain, nil, nil) }
+
+// Close releases the client (it holds no connection between calls).
+func (c *Client) Close() error { return nil }
+
+// Serve answers management connections on ln with h until ctx ends (see Server).
+func Serve(ctx context.Context, ln net.Listener, key []byte, h Handler) error {
+	s, err := NewServer(key, h)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx, ln)
+}

@@ -85,6 +85,7 @@ type jobSpec struct {
 	hosts []*topo.Host
 	port  uint16   // workers' UDP port (default 9600)
 	extra []string // `job add` flags
+	key   []byte   // admitted already (e.g. through the management channel) under this key
 }
 
 type runningJob struct {
@@ -138,18 +139,14 @@ func (s jobSpec) workerPort() uint16 {
 	return s.port
 }
 
-// startJob admits one job (`xdpagg job add`) and starts and JOINs its workers with its key.
+// startJob admits one job (`xdpagg job add`, unless s.key says it is admitted) and starts and JOINs its workers with its key.
 func (a *agentEnv) startJob(ctx context.Context, t *testing.T, s jobSpec) *runningJob {
 	t.Helper()
-	j := &runningJob{id: s.id, hosts: s.hosts, port: s.workerPort(), key: a.admit(t, s.id, len(s.hosts), s.extra...)}
-	a.startWorkers(ctx, t, j)
-	return j
-}
-
-// startWorkers starts and JOINs j's workers (through each host's gateway) with j's key.
-func (a *agentEnv) startWorkers(ctx context.Context, t *testing.T, j *runningJob) {
-	t.Helper()
 	psAddr := netip.AddrPortFrom(a.tp.PS.IP, loader.DefaultPort)
+	j := &runningJob{id: s.id, hosts: s.hosts, port: s.workerPort(), key: s.key}
+	if j.key == nil {
+		j.key = a.admit(t, s.id, len(s.hosts), s.extra...)
+	}
 	for i, h := range j.hosts {
 		var wk *hostlib.Worker
 		if err := a.tp.InHost(h, func() (err error) {
@@ -168,6 +165,7 @@ func (a *agentEnv) startWorkers(ctx context.Context, t *testing.T, j *runningJob
 		}
 		j.workers = append(j.workers, wk)
 	}
+	return j
 }
 
 // reduceExact runs rounds verified allreduces of n values on the job's workers.

@@ -17,6 +17,7 @@ import (
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/mgmt"
 )
 
 // regDefaults is the loader's default register configuration (--reg-arrays, --reg-slots).
@@ -63,6 +64,7 @@ func parseSwitch(args []string) (agent.Config, error) {
 		regArr   = fs.Uint("reg-arrays", uint(regDefaults.RegArrays), fmt.Sprintf("hot-parameter register arrays per iteration parity, shared by the sparse jobs (job add --reg-arrays m), 1..%d; kernel memory 2 x arrays x %d KiB (%d MiB at %d)",
 			loader.MaxRegArrays, regArrayBytes>>10, 2*uint64(regDefaults.RegArrays)*regArrayBytes>>20, regDefaults.RegArrays))
 		ctlKey   = fs.String("controller-key-file", "", "file with the controller's key (hex) that authenticates its heartbeats; made (mode 0600) with a new key if missing; empty: heartbeats are refused")
+		mgmtAddr = fs.String("mgmt-listen", "", fmt.Sprintf("serve the controller's management channel (TCP, encrypted under the controller key) at ip:port, e.g. 10.0.0.5:%d; needs --controller-key-file; empty: off", mgmt.DefaultPort))
 		regSlots = fs.Uint("reg-slots", uint(regDefaults.RegSlots), fmt.Sprintf("slots per register array (r), 1..%d: a sparse job of m arrays holds m x r hot parameters; memory stays %d KiB an array whatever r is", bpf.RegSlots, regArrayBytes>>10))
 	)
 	if err := parseFlags(fs, args); err != nil {
@@ -102,9 +104,13 @@ func parseSwitch(args []string) (agent.Config, error) {
 		Control:     agent.ControlConfig{MemberTTL: *memTTL, MaxMembersPerPort: *perPort},
 		MetricsAddr: *metrics,
 		ReadyFile:   *ready,
+		MgmtListen:  *mgmtAddr,
 	}
 	if err := cfg.Validate(); err != nil {
 		return agent.Config{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *mgmtAddr != "" && *ctlKey == "" {
+		return agent.Config{}, fmt.Errorf("%w: --mgmt-listen needs --controller-key-file (the channel is sealed under the controller key)", errUsage)
 	}
 	if *ctlKey != "" {
 		key, err := loadOrMakeKey(*ctlKey)

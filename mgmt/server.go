@@ -1,0 +1,287 @@
+package mgmt
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/xdpagg/xdpagg/ctlauth"
+)
+
+// Why the server dropped a connection: the label of its counter (Server.BadFrames).
+const (
+	BadFrameFormat = "frame"   // length beyond MaxFrame, or a connection cut inside a frame
+	BadFrameAuth   = "auth"    // does not open under the request key (wrong key, tampered, a response)
+	BadFrameReplay = "replay"  // authentic, stamp not newer than the last accepted or out of the window
+	BadFrameBody   = "body"    // authentic, but its JSON is not a request
+	BadFrameBusy   = "busy"    // over MaxConns connections at once
+	BadFrameSlow   = "timeout" // no complete request within ReadTimeout
+)
+
+// Limits of a Server.
+const (
+	// MaxConns is how many connections a server serves at once; more are closed at once. The
+	// controller makes one at a time per switch.
+	MaxConns = 32
+	// ReadTimeout is how long a connection may take to deliver a request (a snapshot of
+	// MaxFrame at a few MB/s) and how long an idle kept connection stays open.
+	ReadTimeout = 2 * time.Minute
+)
+
+// Server answers management connections for a Handler. Requests are handled one at a time (a
+// Restore and an Admit never interleave), in the order their stamps were accepted.
+type Server struct {
+	keys    frameKeys
+	h       Handler
+	stamper ctlauth.Stamper
+	replay  ctlauth.Replay[struct{}] // one sender: whoever holds the controller key
+	do      sync.Mutex               // one request at a time
+	bad     sync.Map                 // reason -> *atomic.Uint64
+	conns   chan struct{}            // MaxConns tokens
+	// OnBadFrame, if set before Serve, is told of every connection dropped (reason and error),
+	// e.g. for the agent's rate-limited log.
+	OnBadFrame func(reason string, err error)
+}
+
+// NewServer makes a server of h under the switch's controller key.
+func NewServer(key []byte, h Handler) (*Server, error) {
+	keys, err := deriveKeys(key)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{keys: keys, h: h, conns: make(chan struct{}, MaxConns)}, nil
+}
+
+// BadFrames returns how many connections were dropped, by reason (labels Bad*).
+func (s *Server) BadFrames() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, r := range BadFrameReasons() {
+		out[r] = 0
+	}
+	s.bad.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	return out
+}
+
+// BadFrameReasons lists the labels of BadFrames in a stable order.
+func BadFrameReasons() []string {
+	r := []string{BadFrameFormat, BadFrameAuth, BadFrameReplay, BadFrameBody, BadFrameBusy, BadFrameSlow}
+	sort.Strings(r)
+	return r
+}
+
+func (s *Server) dropped(reason string, err error) {
+	v, _ := s.bad.LoadOrStore(reason, new(atomic.Uint64))
+	v.(*atomic.Uint64).Add(1)
+	if s.OnBadFrame != nil {
+		s.OnBadFrame(reason, err)
+	}
+}
+
+// Serve answers connections on ln until ctx ends (then it closes ln, waits for the connections
+// being served, and returns nil) or ln fails.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		open  = map[net.Conn]bool{}
+		ended bool
+	)
+	closeAll := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		ended = true
+		for c := range open {
+			c.Close()
+		}
+	}
+	stopAll := context.AfterFunc(ctx, closeAll)
+	defer stopAll()
+	// However Serve ends, the connections it serves end with it (a request being handled
+	// finishes first: the handler is not interrupted, only its connection).
+	defer wg.Wait()
+	defer closeAll()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accept management connection: %w", err)
+		}
+		select {
+		case s.conns <- struct{}{}:
+		default:
+			conn.Close()
+			s.dropped(BadFrameBusy, fmt.Errorf("connection from %v: %d connections already", conn.RemoteAddr(), MaxConns))
+			continue
+		}
+		mu.Lock()
+		if ended {
+			mu.Unlock()
+			conn.Close()
+			<-s.conns
+			continue
+		}
+		open[conn] = true
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-s.conns }()
+			defer func() {
+				mu.Lock()
+				delete(open, conn)
+				mu.Unlock()
+				conn.Close()
+			}()
+			s.serveConn(conn)
+		}()
+	}
+}
+
+// serveConn answers the requests of one connection until it ends or sends a bad frame.
+func (s *Server) serveConn(conn net.Conn) {
+	r := bufio.NewReader(conn)
+	w := bufio.NewWriter(conn)
+	for {
+		_ = conn.SetReadDeadline(time.Now().Add(ReadTimeout))
+		payload, err := readFrame(r)
+		if err != nil {
+			var ne net.Error
+			switch {
+			case errors.As(err, &ne) && ne.Timeout():
+				s.dropped(BadFrameSlow, fmt.Errorf("connection from %v: %w", conn.RemoteAddr(), err))
+			case errors.Is(err, ErrFrame):
+				s.dropped(BadFrameFormat, fmt.Errorf("connection from %v: %w", conn.RemoteAddr(), err))
+			}
+			return // or a clean end between frames
+		}
+		stamp, body, err := open(s.keys.req, payload)
+		if err != nil {
+			s.dropped(BadFrameAuth, fmt.Errorf("connection from %v: %w", conn.RemoteAddr(), err))
+			return
+		}
+		var req request
+		if err := json.Unmarshal(body, &req); err != nil {
+			s.dropped(BadFrameBody, fmt.Errorf("connection from %v: %w", conn.RemoteAddr(), err))
+			return
+		}
+		resp, ok := s.handle(stamp, req, conn.RemoteAddr())
+		if !ok {
+			return
+		}
+		out, err := json.Marshal(resp)
+		if err != nil {
+			out, _ = json.Marshal(response{Re: stamp, Kind: kindFailed, Err: "encode the answer: " + err.Error()})
+		}
+		sealed, err := seal(s.keys.resp, s.stamper.Next(), out)
+		if err != nil {
+			return
+		}
+		_ = conn.SetWriteDeadline(time.Now().Add(ReadTimeout))
+		if writeFrame(w, sealed) != nil || w.Flush() != nil {
+			return
+		}
+	}
+}
+
+// handle checks an authentic request's stamp and runs it, one request at a time. ok is false if
+// the request is not answered (a replayed or stale stamp).
+func (s *Server) handle(stamp uint64, req request, from net.Addr) (response, bool) {
+	s.do.Lock()
+	defer s.do.Unlock()
+	// Checked under the lock that orders the requests, so the stamps of requests handled are
+	// increasing in the order they act.
+	if err := s.replay.Check(struct{}{}, stamp); err != nil {
+		s.dropped(BadFrameReplay, fmt.Errorf("request %s from %v: %w", req.Op, from, err))
+		return response{}, false
+	}
+	resp := response{Re: stamp}
+	result, err := s.run(req)
+	if err != nil {
+		resp.Err = err.Error()
+		switch {
+		case errors.Is(err, ErrIncompatible):
+			resp.Kind = kindIncompatible
+		case errors.Is(err, ErrRefused):
+			resp.Kind = kindRefused
+		default:
+			resp.Kind = kindFailed
+		}
+		return resp, true
+	}
+	if result != nil {
+		b, err := json.Marshal(result)
+		if err != nil {
+			return response{Re: stamp, Kind: kindFailed, Err: "encode the result: " + err.Error()}, true
+		}
+		resp.Result = b
+	}
+	return resp, true
+}
+
+// run decodes a request's arguments and calls the handler.
+func (s *Server) run(req request) (any, error) {
+	args := func(v any) error {
+		if err := json.Unmarshal(req.Args, v); err != nil {
+			return fmt.Errorf("%w: arguments of %s: %w", ErrRefused, req.Op, err)
+		}
+		return nil
+	}
+	switch req.Op {
+	case opAdmit:
+		var j Job
+		if err := args(&j); err != nil {
+			return nil, err
+		}
+		return nil, s.h.Admit(j)
+	case opRemove, opReset:
+		var id uint32
+		if err := args(&id); err != nil {
+			return nil, err
+		}
+		if req.Op == opRemove {
+			return nil, s.h.Remove(id)
+		}
+		return nil, s.h.Reset(id)
+	case opSnapshot:
+		var sc Scope
+		if err := args(&sc); err != nil {
+			return nil, err
+		}
+		if sc != ScopeControl && sc != ScopeAll {
+			return nil, fmt.Errorf("%w: snapshot scope %d", ErrRefused, sc)
+		}
+		snap, err := s.h.Snapshot(sc)
+		if err != nil {
+			return nil, err
+		}
+		return snap, nil
+	case opRestore:
+		var snap Snapshot
+		if err := args(&snap); err != nil {
+			return nil, err
+		}
+		st, err := s.h.Restore(&snap)
+		return st, err
+	case opDrain:
+		return nil, s.h.Drain()
+	}
+	return nil, fmt.Errorf("%w: unknown operation %q", ErrRefused, req.Op)
+}

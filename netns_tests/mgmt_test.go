@@ -1,0 +1,269 @@
+package netns_tests
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/mgmt"
+	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/wire"
+)
+
+// The management network of the tests: a veth between the switch namespace and a controller
+// namespace of its own, on no switch port.
+var (
+	mgmtSwitchIP     = netip.MustParseAddr("10.254.0.1")
+	mgmtCtlIP        = netip.MustParseAddr("10.254.0.2")
+	mgmtSwitchMAC, _ = net.ParseMAC("02:77:00:00:00:01")
+	mgmtCtlMAC, _    = net.ParseMAC("02:77:00:00:00:02")
+)
+
+// addMgmtNet makes the controller namespace tp.Prefix+"-ctl" and a veth "mg0" from it to the
+// switch namespace, addressed and with static neighbours on both ends; both go at cleanup. It
+// returns the controller namespace's name.
+func addMgmtNet(t *testing.T, tp *topo.Topology) string {
+	t.Helper()
+	ctl := tp.Prefix + "-ctl"
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("netns", "add", ctl)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ctl).Run() }) // takes both veth ends
+	run("-n", ctl, "link", "add", "mg0", "address", mgmtCtlMAC.String(), "type", "veth",
+		"peer", "name", "mg0", "address", mgmtSwitchMAC.String(), "netns", tp.SwitchNS)
+	for _, side := range []struct {
+		ns       string
+		ip, peer netip.Addr
+		peerMAC  net.HardwareAddr
+	}{{ctl, mgmtCtlIP, mgmtSwitchIP, mgmtSwitchMAC}, {tp.SwitchNS, mgmtSwitchIP, mgmtCtlIP, mgmtCtlMAC}} {
+		run("-n", side.ns, "addr", "add", side.ip.String()+"/24", "dev", "mg0")
+		run("-n", side.ns, "link", "set", "mg0", "up")
+		run("-n", side.ns, "link", "set", "lo", "up")
+		run("-n", side.ns, "neigh", "replace", side.peer.String(), "lladdr", side.peerMAC.String(), "dev", "mg0", "nud", "permanent")
+	}
+	return ctl
+}
+
+// heartbeatOver sends one heartbeat under key from the controller namespace to the switch's
+// management address and returns the statistics of its answer.
+func heartbeatOver(t *testing.T, ctl string, key []byte, seq uint32) (bpf.XdpaggHeartbeatStats, error) {
+	t.Helper()
+	var st bpf.XdpaggHeartbeatStats
+	var conn *net.UDPConn
+	if err := topo.Do(ctl, func() (err error) {
+		conn, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(mgmtSwitchIP, loader.DefaultPort)))
+		return err
+	}); err != nil {
+		return st, err
+	}
+	defer conn.Close()
+	var stamps ctlauth.Stamper
+	b, err := ctlauth.Seal(key, wire.AppendHeader(nil, &wire.Header{Version: wire.Version, Type: wire.MsgHeartbeat, Seq: seq}), stamps.Next())
+	if err != nil {
+		return st, err
+	}
+	buf := make([]byte, 1024)
+	// Resent until answered: the first may meet a neighbour entry or socket not yet there.
+	for range 50 {
+		if _, err := conn.Write(b); err != nil {
+			return st, err
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		n, err := conn.Read(buf)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return st, err
+		}
+		msg, _, err := ctlauth.Open(key, buf[:n])
+		if err != nil {
+			return st, err
+		}
+		var h wire.Header
+		wire.DecodeHeader(msg, &h)
+		if h.Type != wire.MsgHeartbeat || h.Seq != seq {
+			return st, fmt.Errorf("answer %+v", h)
+		}
+		_, err = binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &st)
+		return st, err
+	}
+	return st, errors.New("no heartbeat answer")
+}
+
+// TestMgmtChannel: the controller, on a management network of its own, drives `xdpagg switch
+// --mgmt-listen` through mgmt.Client: it admits a job (again: idempotent; under another key:
+// refused), whose workers join and reduce exactly; reads a full snapshot with the job's key,
+// members and slots; is heartbeaten over the management interface; drains the switch (every
+// host port down, the channel and heartbeats still up) and removes the job. A client with
+// another key gets nothing, and the agent counts its connections.
+func TestMgmtChannel(t *testing.T) {
+	const pool = 64
+	keyFile := filepath.Join(t.TempDir(), "controller.key")
+	a := &agentEnv{bin: buildCLI(t), pinRoot: bpffsDir(t), pool: pool}
+	a.tp = newAgentTopo(t, 2)
+	ctl := addMgmtNet(t, a.tp)
+	mgmtAddr := netip.AddrPortFrom(mgmtSwitchIP, mgmt.DefaultPort)
+	a.sw = startSwitch(t, a.bin, a.pinRoot, a.tp, "--pool", fmt.Sprint(pool), "--controller-key-file", keyFile,
+		"--mgmt-listen", mgmtAddr.String(), "--metrics-addr", "127.0.0.1:0")
+	if a.sw.ready.MgmtAddr != mgmtAddr.String() {
+		t.Errorf("ready file says the channel is at %q, want %v", a.sw.ready.MgmtAddr, mgmtAddr)
+	}
+	b, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ctlauth.ParseKey(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := mgmt.Dial(mgmtAddr, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Each call connects from the controller namespace.
+	inCtl := func(fn func() error) error { return topo.Do(ctl, fn) }
+
+	jobKey, _ := ctlauth.NewKey()
+	ps := a.tp.PS
+	job := mgmt.Job{ID: 81, Workers: 2, PS: netip.AddrPortFrom(ps.IP, loader.DefaultPort), PSPort: ps.Port, Key: jobKey}
+	for i := range 2 { // again: idempotent
+		if err := inCtl(func() error { return c.Admit(ctx, job) }); err != nil {
+			t.Fatalf("Admit #%d: %v\n%s", i, err, a.sw.stderr.String())
+		}
+	}
+	other := job
+	other.Key, _ = ctlauth.NewKey()
+	if err := inCtl(func() error { return c.Admit(ctx, other) }); !errors.Is(err, mgmt.ErrRefused) {
+		t.Errorf("Admit under another key: %v, want ErrRefused", err)
+	}
+
+	j := a.startJobs(ctx, t, jobSpec{id: 81, hosts: a.tp.Workers, key: jobKey})[0]
+	reduceExact(ctx, t, j, 3, 20_000, 81)
+
+	var snap *mgmt.Snapshot
+	start := time.Now()
+	if err := inCtl(func() (err error) { snap, err = c.Snapshot(ctx, mgmt.ScopeAll); return err }); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Logf("ScopeAll snapshot: %d slots, %d cached results, in %v", len(snap.Slots), len(snap.Cache), time.Since(start).Round(time.Microsecond))
+	if snap.Switch != "t" || snap.Pool != pool || len(snap.Jobs) != 1 || snap.Jobs[0].PSPort != ps.Port || string(snap.Jobs[0].Key) != string(jobKey) {
+		t.Errorf("snapshot %+v: want switch t, pool %d, job 81 behind %s with its key", snap, pool, ps.Port)
+	}
+	if len(snap.Members) != 2 {
+		t.Fatalf("snapshot members %+v, want 2", snap.Members)
+	}
+	for _, m := range snap.Members {
+		h := a.tp.Workers[m.Worker]
+		if m.Job != 81 || m.Port != h.Port || m.Addr != netip.AddrPortFrom(h.IP, 9600) || m.MAC.String() != h.MAC.String() {
+			t.Errorf("member %+v, want worker %d at %v:9600 behind %s", m, m.Worker, h.IP, h.Port)
+		}
+	}
+
+	// Heartbeats arrive on the management interface, not a switch port: answered.
+	st, err := heartbeatOver(t, ctl, key, 1)
+	if err != nil {
+		t.Fatalf("heartbeat over the management network: %v", err)
+	}
+	if st.Jobs != 1 || st.Members != 2 || st.PoolSize != pool {
+		t.Errorf("heartbeat statistics %+v", st)
+	}
+
+	// Another key: no answer, counted.
+	otherKey, _ := ctlauth.NewKey()
+	bad, _ := mgmt.Dial(mgmtAddr, otherKey)
+	if err := inCtl(func() error { return bad.Drain(ctx) }); !errors.Is(err, mgmt.ErrFrame) {
+		t.Errorf("Drain under another key: %v, want ErrFrame", err)
+	}
+	var mconn net.Conn
+	if err := a.tp.InSwitch(func() (err error) { mconn, err = net.Dial("tcp4", a.sw.ready.MetricsAddr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	// The transport dials on goroutines of its own (outside the namespace): hand it the connection.
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return mconn, nil }}}
+	resp, err := hc.Get("http://" + a.sw.ready.MetricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `xdpagg_agent_mgmt_dropped_total{reason="auth"} 1`; !strings.Contains(string(body), want) {
+		t.Errorf("metrics lack %q", want)
+	}
+	for _, p := range portsUp(t, a.tp) {
+		if !p {
+			t.Fatal("a port is down before the drain")
+		}
+	}
+
+	for range 2 { // idempotent
+		if err := inCtl(func() error { return c.Drain(ctx) }); err != nil {
+			t.Fatalf("Drain: %v", err)
+		}
+	}
+	for name, up := range portsUp(t, a.tp) {
+		if up {
+			t.Errorf("port %s still up after the drain", name)
+		}
+	}
+	if err := inCtl(func() (err error) { snap, err = c.Snapshot(ctx, mgmt.ScopeControl); return err }); err != nil || !snap.Draining || len(snap.Members) != 2 {
+		t.Errorf("snapshot after the drain: %+v, %v", snap, err)
+	}
+	if _, err := heartbeatOver(t, ctl, key, 2); err != nil {
+		t.Errorf("heartbeat after the drain: %v", err)
+	}
+	if err := inCtl(func() error { return c.Remove(ctx, 81) }); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	if err := inCtl(func() (err error) { snap, err = c.Snapshot(ctx, mgmt.ScopeControl); return err }); err != nil || len(snap.Jobs) != 0 || len(snap.Members) != 0 {
+		t.Errorf("snapshot after Remove: %+v, %v", snap, err)
+	}
+}
+
+// portsUp says, by switch port name, whether each host port is administratively up.
+func portsUp(t *testing.T, tp *topo.Topology) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	if err := tp.InSwitch(func() error {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		for _, host := range tp.Hosts() {
+			l, err := h.LinkByName(host.Port)
+			if err != nil {
+				return err
+			}
+			out[host.Port] = l.Attrs().Flags&net.FlagUp != 0
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
