@@ -51,6 +51,9 @@ type JobConfig struct {
 	PSPort  string         `json:"ps_port"` // the switch port name the PS is behind
 	Quota   uint32         `json:"quota"`   // slots; 0: the switch's default
 	Group   string         `json:"group"`
+	// RegArrays: a sparse job's register arrays per parity (as `xdpagg job add --reg-arrays`);
+	// 0 for a dense job.
+	RegArrays uint16 `json:"reg_arrays,omitempty"`
 	// KeyFile is where the controller writes the job's key (hex, mode 0600) for its hosts;
 	// empty: <state-dir>/keys/job-<id>.key.
 	KeyFile string `json:"key_file,omitempty"`
