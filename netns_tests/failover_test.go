@@ -21,6 +21,7 @@ import (
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/mgmt"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // The failover tests: a primary and a standby `xdpagg switch` (same port names, addresses and
@@ -30,6 +31,9 @@ import (
 
 const failoverPool = 64
 
+// tightDegrade drains a switch whose workers resend more than 5% of what it aggregates.
+const tightDegrade = `{"max_resend_share": 0.05, "min_packets": 100, "heartbeats": 3}`
+
 // failoverEnv is a primary/standby pair, their controller and one job.
 type failoverEnv struct {
 	bin              string
@@ -37,17 +41,19 @@ type failoverEnv struct {
 	pinP, pinS       string
 	keyP, keyS       string // the switches' controller key files
 	primary, standby *cliSwitch
-	dir, cfgPath     string // the controller's state directory and config
+	dir, cfgPath     string       // the controller's state directory and config
+	hosts            []*topo.Host // the job's workers
 	ctl              *cliProc
 }
 
 // newFailoverEnv builds the topology, starts both switches with their management channels, and
 // writes the controller's config for job with n workers (degrade: the config's "degrade" JSON).
-func newFailoverEnv(t *testing.T, n int, job uint32, degrade string) *failoverEnv {
+// extra hosts beyond the job's (e.g. an attacker) come after its workers.
+func newFailoverEnv(t *testing.T, n int, job uint32, degrade string, extra int) *failoverEnv {
 	t.Helper()
-	tp := newAgentTopoOf(t, topo.Config{Workers: n, PS: true, Standby: true})
+	tp := newAgentTopoOf(t, topo.Config{Workers: n + extra, PS: true, Standby: true})
 	keys := t.TempDir()
-	e := &failoverEnv{bin: buildCLI(t), tp: tp, pinP: bpffsDir(t), pinS: bpffsDir(t), dir: t.TempDir(),
+	e := &failoverEnv{bin: buildCLI(t), tp: tp, hosts: tp.Workers[:n], pinP: bpffsDir(t), pinS: bpffsDir(t), dir: t.TempDir(),
 		keyP: filepath.Join(keys, "primary.key"), keyS: filepath.Join(keys, "standby.key")}
 	m := tp.Mgmt
 	e.primary = e.startSwitch(t, tp.SwitchNS, e.pinP, e.keyP, m.Primary.Switch)
@@ -141,7 +147,7 @@ func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *ru
 		t.Fatal(err)
 	}
 	a := &agentEnv{bin: e.bin, tp: e.tp, sw: e.primary, pool: failoverPool}
-	spec := jobSpec{id: id, hosts: e.tp.Workers}
+	spec := jobSpec{id: id, hosts: e.hosts}
 	a.startPS(ctx, t, spec)
 	spec.key = key
 	j := a.startJob(ctx, t, spec)
@@ -288,20 +294,6 @@ func (e *failoverEnv) checkMoved(t *testing.T, v controller.View, reason, source
 	return f
 }
 
-func (e *failoverEnv) standbyCounters(t *testing.T) map[string]uint64 {
-	t.Helper()
-	full := []string{"netns", "exec", e.tp.StandbyNS, e.bin, "inspect", "--json", "--name", "t", "--pin-root", e.pinS}
-	out, err := exec.Command("ip", full...).Output()
-	if err != nil {
-		t.Fatalf("inspect the standby: %v", err)
-	}
-	var in inspectOut
-	if err := json.Unmarshal(out, &in); err != nil {
-		t.Fatal(err)
-	}
-	return in.Counters
-}
-
 // TestFailoverPrimaryKilled: issue 10 (a). The primary's agent is SIGKILLed mid-job, its XDP
 // detached and its ports taken down. The hosts' kernels move the traffic to the standby (carrier
 // loss); the controller declares the primary failed (3 heartbeats of 100 ms) and restores its
@@ -309,7 +301,7 @@ func (e *failoverEnv) standbyCounters(t *testing.T) map[string]uint64 {
 // the workers' resends and the PS. Every allreduce is exact; the standby aggregates afterwards.
 func TestFailoverPrimaryKilled(t *testing.T) {
 	const job = 71
-	e := newFailoverEnv(t, 3, job, `{"off": true}`)
+	e := newFailoverEnv(t, 3, job, `{"off": true}`, 0)
 	e.startController(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -320,7 +312,7 @@ func TestFailoverPrimaryKilled(t *testing.T) {
 	wg := runAcross(ctx, t, j, stop)
 	time.Sleep(150 * time.Millisecond)
 	failed, f, recovery, longest := e.failPrimary(ctx, t, j, stop, wg)
-	c := e.standbyCounters(t)
+	c := inspect(t, e.bin, e.pinS).Counters
 	if c["aggregated"] == 0 {
 		t.Errorf("the standby aggregated nothing: %v", c)
 	}
@@ -337,7 +329,7 @@ func TestFailoverPrimaryKilled(t *testing.T) {
 // (`xdpagg failover`). Every allreduce is exact.
 func TestFailoverPrimaryDegraded(t *testing.T) {
 	const job = 72
-	e := newFailoverEnv(t, 3, job, `{"max_resend_share": 0.05, "min_packets": 100, "heartbeats": 3}`)
+	e := newFailoverEnv(t, 3, job, tightDegrade, 0)
 	e.startController(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -350,7 +342,7 @@ func TestFailoverPrimaryDegraded(t *testing.T) {
 	stop := make(chan struct{})
 	wg := runAcross(ctx, t, j, stop)
 	time.Sleep(100 * time.Millisecond)
-	for _, h := range e.tp.Workers {
+	for _, h := range e.hosts {
 		if err := e.tp.Impair(h, topo.FromSwitch, topo.Impairment{Loss: 20}); err != nil {
 			t.Fatal(err)
 		}
@@ -365,14 +357,14 @@ func TestFailoverPrimaryDegraded(t *testing.T) {
 	t.Logf("primary degraded: %s; failover %v after the loss began: drain %v, snapshot %v, restore %v, total %v; migrated %+v; longest stall without a completed fragment %v (ended %v after the drain began)",
 		f.Detail, f.Started.Sub(degraded).Round(time.Millisecond), f.Drain.Round(time.Microsecond), f.Snapshot.Round(time.Microsecond),
 		f.Restore.Round(time.Microsecond), f.Total.Round(time.Microsecond), f.Migrated, longest.Round(time.Millisecond), endedAt.Sub(f.Started).Round(time.Millisecond))
-	if c := e.standbyCounters(t); c["aggregated"] == 0 {
+	if c := inspect(t, e.bin, e.pinS).Counters; c["aggregated"] == 0 {
 		t.Errorf("the standby aggregated nothing: %v", c)
 	}
 
 	// Fail back by hand, as docs/operations.md says: the primary's link is mended, `xdpagg
 	// failover` drains the standby and moves the state back, the primary's ports come up (the
 	// hosts follow the carrier), then the standby's (it is the standby again). The job runs on.
-	for _, h := range e.tp.Workers {
+	for _, h := range e.hosts {
 		if err := e.tp.ClearImpair(h, topo.FromSwitch); err != nil {
 			t.Fatal(err)
 		}
@@ -416,7 +408,7 @@ func TestFailoverPrimaryDegraded(t *testing.T) {
 // primary then dies it fails over from the reloaded state. Every allreduce is exact.
 func TestFailoverControllerRestarted(t *testing.T) {
 	const job = 73
-	e := newFailoverEnv(t, 3, job, `{"off": true}`)
+	e := newFailoverEnv(t, 3, job, `{"off": true}`, 0)
 	e.startController(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -446,4 +438,58 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	if strings.Count(e.ctl.stderr.String(), fmt.Sprintf("admit job %d", job)) > 0 {
 		t.Errorf("the restarted controller admitted again or failed to:\n%s", e.ctl.stderr.String())
 	}
+}
+
+// TestFailoverAttackerCannotForceDrain: a host on a switch port that is not a member floods the
+// primary with DATA for the job flagged as resends — from its own address claiming worker 1,
+// and with worker 1's address and MAC — while the job runs under the tight degradation policy.
+// The switch drops it all before it can count as a resend (not_member), so the primary
+// never looks degraded: no failover, and the job stays exact. (The controller itself is on the
+// management network, which no switch port reaches.)
+func TestFailoverAttackerCannotForceDrain(t *testing.T) {
+	const job = 74
+	e := newFailoverEnv(t, 3, job, tightDegrade, 1)
+	e.startController(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j := e.startJob(ctx, t, job)
+	atk := newAttacker(t, e.tp, e.tp.Workers[3])
+	w1, ps := e.hosts[1], e.tp.PS
+	data := func(seq uint32) []byte {
+		return xpkt(wire.Header{Type: wire.MsgData, JobId: job, Seq: seq, AggIndex: seq % failoverPool, Flags: wire.FlagResend,
+			Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
+	}
+	before := inspect(t, e.bin, e.pinP).Counters
+	var seq uint32
+	start := time.Now()
+	during(func() {
+		for range 8 {
+			seq++
+			atk.send(t, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data(seq)), 1)
+			f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data(seq))
+			f.srcMAC = w1.MAC
+			atk.send(t, f, 1)
+		}
+	}, func() {
+		// At least 15 heartbeats (five policy windows) of attack, with the job running.
+		for time.Since(start) < 1500*time.Millisecond {
+			reduceExact(ctx, t, j, 1, 50_000, uint64(seq))
+		}
+	})
+	after := inspect(t, e.bin, e.pinP).Counters
+	// DATA is held to the member's exact registration (address, UDP port, switch port): both
+	// kinds fail it, before any slot (or resend counter) is touched.
+	grew(t, before, after, "not_member", 100)
+	if d := after["duplicate"] - before["duplicate"]; d != 0 {
+		t.Errorf("forged resends counted as duplicates: +%d", d)
+	}
+	v, err := e.view()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := v.Groups[0]; g.Active != "sw-a" || g.LastFailover != nil || g.Degraded != "" {
+		t.Errorf("the attacker moved the group: active %s, degraded %q, last failover %+v", g.Active, g.Degraded, g.LastFailover)
+	}
+	t.Logf("forged resends: %d frames; not_member +%d, duplicate +%d; no failover, job exact",
+		atk.sent.Load(), after["not_member"]-before["not_member"], after["duplicate"]-before["duplicate"])
 }
