@@ -131,6 +131,17 @@ func (e *failoverEnv) waitView(t *testing.T, what string, within time.Duration, 
 	}
 }
 
+// runFailoverJob builds a failoverEnv for job (3 workers, extra more hosts), starts its
+// controller and the job; the context ends with the test (or after 3 minutes).
+func runFailoverJob(t *testing.T, job uint32, degrade string, extra int) (*failoverEnv, context.Context, *runningJob) {
+	t.Helper()
+	e := newFailoverEnv(t, 3, job, degrade, extra)
+	e.startController(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return e, ctx, e.startJob(ctx, t, job)
+}
+
 // startJob waits for the controller to admit job on both switches, then serves its PS and starts
 // and joins its workers with the key the controller wrote for the hosts.
 func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *runningJob {
@@ -301,11 +312,7 @@ func (e *failoverEnv) checkMoved(t *testing.T, v controller.View, reason, source
 // the workers' resends and the PS. Every allreduce is exact; the standby aggregates afterwards.
 func TestFailoverPrimaryKilled(t *testing.T) {
 	const job = 71
-	e := newFailoverEnv(t, 3, job, `{"off": true}`, 0)
-	e.startController(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	j := e.startJob(ctx, t, job)
+	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 0)
 	reduceExact(ctx, t, j, 2, 20_000, 1)
 
 	stop := make(chan struct{})
@@ -329,11 +336,7 @@ func TestFailoverPrimaryKilled(t *testing.T) {
 // (`xdpagg failover`). Every allreduce is exact.
 func TestFailoverPrimaryDegraded(t *testing.T) {
 	const job = 72
-	e := newFailoverEnv(t, 3, job, tightDegrade, 0)
-	e.startController(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	j := e.startJob(ctx, t, job)
+	e, ctx, j := runFailoverJob(t, job, tightDegrade, 0)
 	reduceExact(ctx, t, j, 2, 20_000, 1)
 	if v, _ := e.view(); v.Groups[0].Active != "sw-a" || v.Groups[0].LastFailover != nil {
 		t.Fatalf("a failover before any fault: %+v", v.Groups[0].LastFailover)
@@ -408,11 +411,7 @@ func TestFailoverPrimaryDegraded(t *testing.T) {
 // primary then dies it fails over from the reloaded state. Every allreduce is exact.
 func TestFailoverControllerRestarted(t *testing.T) {
 	const job = 73
-	e := newFailoverEnv(t, 3, job, `{"off": true}`, 0)
-	e.startController(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	j := e.startJob(ctx, t, job)
+	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 0)
 	before, _ := e.view()
 
 	stop := make(chan struct{})
@@ -448,11 +447,7 @@ func TestFailoverControllerRestarted(t *testing.T) {
 // management network, which no switch port reaches.)
 func TestFailoverAttackerCannotForceDrain(t *testing.T) {
 	const job = 74
-	e := newFailoverEnv(t, 3, job, tightDegrade, 1)
-	e.startController(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	j := e.startJob(ctx, t, job)
+	e, ctx, j := runFailoverJob(t, job, tightDegrade, 1)
 	atk := newAttacker(t, e.tp, e.tp.Workers[3])
 	w1, ps := e.hosts[1], e.tp.PS
 	data := func(seq uint32) []byte {
