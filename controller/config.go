@@ -66,16 +66,18 @@ type HeartbeatConfig struct {
 	FailAfter    int      `json:"fail_after,omitzero"`
 }
 
-// DegradePolicy says when an answering switch is degraded (Libra §3.6: loss and resend rates)
-// and is drained to its standby: over the last Heartbeats answers, the workers' resends it saw
-// (DATA it had already summed, resends answered from a shadow copy or flushing a partial slot,
-// and RETRANSMIT requests to its cache) exceed MaxResendShare of the DATA it aggregated, with at
-// least MinPackets of both.
+// DegradePolicy says when an answering switch is degraded (Libra §3.6: loss rates and the
+// response delay) and is drained to its standby: over the last Heartbeats answers, the workers'
+// resends it saw (DATA it had already summed, resends answered from a shadow copy or flushing a
+// partial slot, and RETRANSMIT requests to its cache) exceed MaxResendShare of the DATA it
+// aggregated, with at least MinPackets of both; or, with MaxRTT set, every one of those answers
+// took longer than MaxRTT (its agent is starved).
 type DegradePolicy struct {
-	MaxResendShare float64 `json:"max_resend_share,omitzero"` // default 0.25
-	MinPackets     uint64  `json:"min_packets,omitzero"`      // default 200
-	Heartbeats     int     `json:"heartbeats,omitzero"`       // default 5
-	Off            bool    `json:"off,omitzero"`              // never drain on statistics
+	MaxResendShare float64  `json:"max_resend_share,omitzero"` // default 0.25
+	MinPackets     uint64   `json:"min_packets,omitzero"`      // default 200
+	Heartbeats     int      `json:"heartbeats,omitzero"`       // default 5
+	MaxRTT         Duration `json:"max_rtt,omitzero"`          // default 0: off
+	Off            bool     `json:"off,omitzero"`              // never drain on statistics
 }
 
 func (d DegradePolicy) withDefaults() DegradePolicy {

@@ -22,6 +22,7 @@ type fakeAgent struct {
 	key     []byte
 	stamper ctlauth.Stamper
 	silent  atomic.Bool
+	delay   atomic.Int64 // nanoseconds to wait before answering
 	mu      sync.Mutex
 	stats   bpf.XdpaggHeartbeatStats
 }
@@ -47,6 +48,7 @@ func newFakeAgent(t *testing.T, key []byte) *fakeAgent {
 			}
 			var h wire.Header
 			wire.DecodeHeader(msg, &h)
+			time.Sleep(time.Duration(f.delay.Load()))
 			f.mu.Lock()
 			st := f.stats
 			f.mu.Unlock()

@@ -81,11 +81,11 @@ type Controller struct {
 
 	mu        sync.Mutex
 	st        *State
-	hist      map[string][]bpf.XdpaggHeartbeatStats // per switch: the last answers, oldest first
-	answered  map[string]uint64                     // per switch: Status.Answered when hist last grew
-	degraded  map[string]string                     // per switch: why it is degraded now ("" not)
-	retryAt   map[string]time.Time                  // per group: no automatic failover before
-	replicaAt map[string]time.Time                  // per group: the last replica refresh tried
+	hist      map[string][]answer  // per switch: the last answers, oldest first
+	answered  map[string]uint64    // per switch: Status.Answered when hist last grew
+	degraded  map[string]string    // per switch: why it is degraded now ("" not)
+	retryAt   map[string]time.Time // per group: no automatic failover before
+	replicaAt map[string]time.Time // per group: the last replica refresh tried
 }
 
 // New loads the controller's state from dir (made if missing) and binds its heartbeat socket.
@@ -110,7 +110,7 @@ func New(cfg *Config, dir string, opt Options) (*Controller, error) {
 		return nil, err
 	}
 	c := &Controller{cfg: cfg, dir: dir, opt: opt, sw: map[string]Switch{}, deg: cfg.Degrade.withDefaults(), st: st,
-		reqs: make(chan request), hist: map[string][]bpf.XdpaggHeartbeatStats{}, answered: map[string]uint64{},
+		reqs: make(chan request), hist: map[string][]answer{}, answered: map[string]uint64{},
 		degraded: map[string]string{}, retryAt: map[string]time.Time{}, replicaAt: map[string]time.Time{}}
 	var targets []Target
 	for _, g := range cfg.Groups {
@@ -284,7 +284,7 @@ func (c *Controller) observe(s Status) string {
 		return c.degraded[s.Name]
 	}
 	c.answered[s.Name] = s.Answered
-	h := append(c.hist[s.Name], s.Stats)
+	h := append(c.hist[s.Name], answer{s.Stats, s.RTT})
 	if len(h) > c.deg.Heartbeats+1 {
 		h = h[len(h)-c.deg.Heartbeats-1:]
 	}
@@ -293,11 +293,24 @@ func (c *Controller) observe(s Status) string {
 	if c.deg.Off || len(h) < c.deg.Heartbeats+1 {
 		return ""
 	}
-	resends, agg := resendEvidence(h[0], h[len(h)-1])
-	if agg+resends >= c.deg.MinPackets && float64(resends) > c.deg.MaxResendShare*float64(agg) {
+	resends, agg := resendEvidence(h[0].stats, h[len(h)-1].stats)
+	slow := time.Duration(c.deg.MaxRTT) > 0
+	for _, a := range h[1:] {
+		slow = slow && a.rtt > time.Duration(c.deg.MaxRTT)
+	}
+	switch {
+	case agg+resends >= c.deg.MinPackets && float64(resends) > c.deg.MaxResendShare*float64(agg):
 		c.degraded[s.Name] = fmt.Sprintf("%d resends per %d aggregated DATA over %d heartbeats (limit %.2f)", resends, agg, c.deg.Heartbeats, c.deg.MaxResendShare)
+	case slow:
+		c.degraded[s.Name] = fmt.Sprintf("%d heartbeats answered slower than %v", c.deg.Heartbeats, time.Duration(c.deg.MaxRTT))
 	}
 	return c.degraded[s.Name]
+}
+
+// answer is one heartbeat answer in a switch's history.
+type answer struct {
+	stats bpf.XdpaggHeartbeatStats
+	rtt   time.Duration
 }
 
 // resendEvidence counts, between two heartbeat answers, the workers' resends the switch saw and

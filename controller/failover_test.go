@@ -379,6 +379,19 @@ func TestFailoverOnDegradation(t *testing.T) {
 	}
 }
 
+// TestFailoverOnSlowAnswers: with MaxRTT set, an active switch whose agent answers every
+// heartbeat of the window late (but in time: it is not missed) is degraded and drained.
+func TestFailoverOnSlowAnswers(t *testing.T) {
+	p := newPair(t, DegradePolicy{Heartbeats: 3, MaxRTT: Duration(2 * time.Millisecond)})
+	p.agents[p.primary].delay.Store(int64(6 * time.Millisecond)) // under the 20 ms interval
+	p.switches[p.primary].members = twoMembers
+	p.start(t)
+	f := p.failover(t)
+	if f.Reason != ReasonDegraded || !strings.Contains(f.Detail, "slower than 2ms") || f.Source != "drained" {
+		t.Errorf("failover %+v", f)
+	}
+}
+
 // TestOperatorFailover: `xdpagg failover` through the operator socket drains and moves the
 // group, then moves it back (an operator failover re-arms the group); a drain that fails falls
 // back to the replica; requests for unknown groups, unknown ops and garbage are refused; the

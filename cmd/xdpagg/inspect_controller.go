@@ -36,6 +36,9 @@ func inspectController(path string, asJSON bool, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "controller view of %s (%s old)\n", v.Time.Format(time.RFC3339), time.Since(v.Time).Round(time.Second))
 	fmt.Fprintf(stdout, "policy: heartbeat every %v, suspect after %d missed, failed after %d; degraded past %.2f resends per aggregated DATA over %d heartbeats (at least %d packets)",
 		time.Duration(v.Heartbeat.Interval), v.Heartbeat.SuspectAfter, v.Heartbeat.FailAfter, v.Degrade.MaxResendShare, v.Degrade.Heartbeats, v.Degrade.MinPackets)
+	if v.Degrade.MaxRTT > 0 {
+		fmt.Fprintf(stdout, ", or every answer of the window slower than %v", time.Duration(v.Degrade.MaxRTT))
+	}
 	if v.Degrade.Off {
 		fmt.Fprint(stdout, " (off)")
 	}
