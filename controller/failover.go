@@ -191,7 +191,14 @@ func other(g GroupConfig, name string) string {
 }
 
 func (c *Controller) call(ctx context.Context, fn func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, c.opt.OpTimeout)
+	return c.callFor(ctx, c.opt.OpTimeout, fn)
+}
+
+// callFor is call with its own bound: the calls Run's loop makes every round (admission,
+// replicas) are bounded by ReplicaEvery, so a switch that stopped answering cannot hold a
+// failover back by more than that.
+func (c *Controller) callFor(ctx context.Context, d time.Duration, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, min(d, c.opt.OpTimeout))
 	defer cancel()
 	return fn(ctx)
 }
@@ -236,8 +243,8 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // step is one round of Run: admissions, degradation, failovers, replicas, status.
 func (c *Controller) step(ctx context.Context, now time.Time) {
-	c.admitAll(ctx)
 	statuses := c.mon.Status()
+	c.admitAll(ctx, statuses)
 	for _, g := range c.cfg.Groups {
 		c.mu.Lock()
 		gs := c.st.Groups[g.Name]
@@ -268,7 +275,7 @@ func (c *Controller) step(ctx context.Context, now time.Time) {
 		last, replica := c.replicaAt[g.Name], gs.Replica
 		c.mu.Unlock()
 		changed := replica != nil && as.Answered > 0 && int(as.Stats.Members) != len(replica.Members)
-		if as.State != StateFailed && (now.Sub(last) >= c.opt.ReplicaEvery || changed && now.Sub(last) >= c.pol.Interval) {
+		if as.State == StateHealthy && (now.Sub(last) >= c.opt.ReplicaEvery || changed && now.Sub(last) >= c.pol.Interval) {
 			c.replicate(ctx, g.Name, active, now)
 		}
 	}
@@ -327,8 +334,9 @@ func resendEvidence(a, b bpf.XdpaggHeartbeatStats) (resends, agg uint64) {
 	return resends, d(a.Aggregated, b.Aggregated)
 }
 
-// admitAll admits every job on every switch of its group where it is not yet admitted.
-func (c *Controller) admitAll(ctx context.Context) {
+// admitAll admits every job on every switch of its group where it is not yet admitted, if that
+// switch answers heartbeats.
+func (c *Controller) admitAll(ctx context.Context, statuses []Status) {
 	for _, j := range c.cfg.Jobs {
 		g, _ := c.group(j.Group)
 		for _, name := range []string{g.Primary.Name, g.Standby.Name} {
@@ -337,10 +345,10 @@ func (c *Controller) admitAll(ctx context.Context) {
 			done := js.Admitted[name]
 			job := c.job(j, js)
 			c.mu.Unlock()
-			if done {
+			if done || !slices.ContainsFunc(statuses, func(s Status) bool { return s.Name == name && s.State == StateHealthy }) {
 				continue
 			}
-			err := c.call(ctx, func(ctx context.Context) error { return c.sw[name].Admit(ctx, job) })
+			err := c.callFor(ctx, c.opt.ReplicaEvery, func(ctx context.Context) error { return c.sw[name].Admit(ctx, job) })
 			if err != nil {
 				c.report(fmt.Errorf("admit job %d on %s: %w", j.ID, name, err))
 				continue
@@ -365,7 +373,7 @@ func (c *Controller) replicate(ctx context.Context, group, active string, now ti
 	c.replicaAt[group] = now
 	c.mu.Unlock()
 	var snap *mgmt.Snapshot
-	err := c.call(ctx, func(ctx context.Context) (err error) {
+	err := c.callFor(ctx, c.opt.ReplicaEvery, func(ctx context.Context) (err error) {
 		snap, err = c.sw[active].Snapshot(ctx, mgmt.ScopeControl)
 		return err
 	})
