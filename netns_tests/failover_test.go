@@ -252,12 +252,14 @@ func stallWatch(ctx context.Context, j *runningJob) func() (time.Duration, time.
 }
 
 // killPrimary SIGKILLs the primary's agent, detaches its XDP programs (the pinned links go with
-// their pins) and takes its ports down: a switch that died.
-func (e *failoverEnv) killPrimary(t *testing.T) time.Time {
+// their pins) and takes its ports down: a switch that died. It returns when the agent died (its
+// heartbeats stop) and when the ports were down (its datapath stops).
+func (e *failoverEnv) killPrimary(t *testing.T) (killed, down time.Time) {
 	t.Helper()
 	if err := e.primary.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	killed = time.Now()
 	<-e.primary.exited
 	if err := os.RemoveAll(agent.PinDir(e.pinP, "t")); err != nil {
 		t.Fatal(err)
@@ -265,30 +267,44 @@ func (e *failoverEnv) killPrimary(t *testing.T) time.Time {
 	if err := e.tp.SetPortsUp(e.tp.SwitchNS, false); err != nil {
 		t.Fatal(err)
 	}
-	return time.Now()
+	return killed, time.Now()
+}
+
+// failure is what failPrimary measured.
+type failure struct {
+	f         *controller.Failover
+	decided   time.Duration // from the kill to the controller's decision
+	recovery  time.Duration // from the ports going down to the job's first completed fragment
+	longest   time.Duration // the longest time without a completed fragment
+	killToOff time.Duration // from the kill to the ports down (the test's own steps)
+}
+
+func (r failure) String() string {
+	return fmt.Sprintf("failover decided %v after the kill (restore %v, %+v); first fragment completed %v after the ports went down (down %v after the kill); longest stall %v",
+		r.decided.Round(time.Millisecond), r.f.Restore.Round(time.Microsecond), r.f.Migrated, r.recovery.Round(time.Millisecond),
+		r.killToOff.Round(time.Millisecond), r.longest.Round(time.Millisecond))
 }
 
 // failPrimary kills the primary while j runs (runAcross until stop), waits for the controller to
-// move the group to the standby from its replica and for the job's allreduces to finish, and
-// returns when the primary failed, the failover, the time to the job's first completed fragment
-// after the failure and the longest time without one.
-func (e *failoverEnv) failPrimary(ctx context.Context, t *testing.T, j *runningJob, stop chan struct{}, wg *sync.WaitGroup) (time.Time, *controller.Failover, time.Duration, time.Duration) {
+// move the group to the standby from its replica and for the job's allreduces to finish.
+func (e *failoverEnv) failPrimary(ctx context.Context, t *testing.T, j *runningJob, stop chan struct{}, wg *sync.WaitGroup) failure {
 	t.Helper()
 	stall := stallWatch(ctx, j)
-	failed := e.killPrimary(t)
-	next := nextResult(ctx, j, failed)
+	killed, down := e.killPrimary(t)
+	next := nextResult(ctx, j, down)
 	v := e.waitView(t, "moved to the standby", 30*time.Second, func(v controller.View) bool { return v.Groups[0].Active == "sw-b" })
 	close(stop)
 	wg.Wait()
-	longest, _ := stall()
-	f := e.checkMoved(t, v, controller.ReasonFailed, "replica", len(j.hosts))
+	r := failure{killToOff: down.Sub(killed)}
+	r.longest, _ = stall()
+	r.f = e.checkMoved(t, v, controller.ReasonFailed, "replica", len(j.hosts))
+	r.decided = r.f.Started.Sub(killed)
 	select {
-	case recovery := <-next:
-		return failed, f, recovery, longest
+	case r.recovery = <-next:
 	case <-ctx.Done():
 		t.Fatal("no fragment completed after the failure")
 	}
-	return failed, f, 0, longest
+	return r
 }
 
 // checkMoved checks the group's last failover and that the job completes on the standby.
@@ -318,14 +334,12 @@ func TestFailoverPrimaryKilled(t *testing.T) {
 	stop := make(chan struct{})
 	wg := runAcross(ctx, t, j, stop)
 	time.Sleep(150 * time.Millisecond)
-	failed, f, recovery, longest := e.failPrimary(ctx, t, j, stop, wg)
+	r := e.failPrimary(ctx, t, j, stop, wg)
 	c := inspect(t, e.bin, e.pinS).Counters
 	if c["aggregated"] == 0 {
 		t.Errorf("the standby aggregated nothing: %v", c)
 	}
-	t.Logf("primary killed: failover decided %v after the failure (restore %v, %+v); first fragment completed %v after the failure, longest stall %v; standby aggregated %d, to_ps %d",
-		f.Started.Sub(failed).Round(time.Millisecond), f.Restore.Round(time.Microsecond), f.Migrated, recovery.Round(time.Millisecond),
-		longest.Round(time.Millisecond), c["aggregated"], c["to_ps"])
+	t.Logf("primary killed: %v; standby aggregated %d, to_ps %d", r, c["aggregated"], c["to_ps"])
 }
 
 // TestFailoverPrimaryDegraded: issue 10 (b). The primary's links to the workers lose 20% of what
@@ -431,9 +445,8 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	if strings.TrimSpace(string(b)) != ctlauth.FormatKey(j.key) {
 		t.Error("the restarted controller wrote another job key")
 	}
-	failed, f, recovery, longest := e.failPrimary(ctx, t, j, stop, wg)
-	t.Logf("controller restarted, then primary killed: failover %v after the failure, first fragment %v after it, longest stall %v (%+v)",
-		f.Started.Sub(failed).Round(time.Millisecond), recovery.Round(time.Millisecond), longest.Round(time.Millisecond), f.Migrated)
+	r := e.failPrimary(ctx, t, j, stop, wg)
+	t.Logf("controller restarted, then primary killed: %v", r)
 	if strings.Count(e.ctl.stderr.String(), fmt.Sprintf("admit job %d", job)) > 0 {
 		t.Errorf("the restarted controller admitted again or failed to:\n%s", e.ctl.stderr.String())
 	}
