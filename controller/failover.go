@@ -248,7 +248,7 @@ func (c *Controller) step(ctx context.Context, now time.Time) {
 	for _, g := range c.cfg.Groups {
 		c.mu.Lock()
 		gs := c.st.Groups[g.Name]
-		active, armed, retry := gs.Active, gs.Armed, c.retryAt[g.Name]
+		active, armed, retry, pending := gs.Active, gs.Armed, c.retryAt[g.Name], gs.Pending
 		c.mu.Unlock()
 		target := other(g, active)
 		var as, ts Status
@@ -262,6 +262,9 @@ func (c *Controller) step(ctx context.Context, now time.Time) {
 		}
 		why := c.observe(as)
 		switch {
+		case pending != "" && !now.Before(retry) && ts.State == StateHealthy:
+			c.failover(ctx, g, pending, "retrying a failover that drained "+active)
+			continue
 		case !armed || now.Before(retry) || ts.State != StateHealthy:
 			// Nowhere to go automatically: keep the group where it is.
 		case as.State == StateFailed:
@@ -402,10 +405,12 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 	c.mu.Unlock()
 	f := Failover{Group: g.Name, From: from, To: other(g, from), Reason: reason, Detail: detail, Started: start.UTC(), Source: "none"}
 	var snap *mgmt.Snapshot
+	drained := false
 	if reason != ReasonFailed {
 		t := time.Now()
 		err := c.call(ctx, func(ctx context.Context) error { return c.sw[from].Drain(ctx) })
 		f.Drain = time.Since(t)
+		drained = err == nil
 		if err == nil {
 			t = time.Now()
 			err = c.call(ctx, func(ctx context.Context) (err error) {
@@ -449,7 +454,7 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 	f.Total = time.Since(start)
 	c.mu.Lock()
 	if f.Error == "" {
-		gs.Active, gs.Armed = f.To, reason == ReasonOperator
+		gs.Active, gs.Armed, gs.Pending = f.To, reason == ReasonOperator, ""
 		if gs.Failovers == nil {
 			gs.Failovers = map[string]int{}
 		}
@@ -459,6 +464,9 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 		c.replicaAt[g.Name] = time.Time{} // read the new active switch at once
 	} else {
 		c.retryAt[g.Name] = time.Now().Add(c.opt.ReplicaEvery)
+		if drained {
+			gs.Pending = reason // the hosts have moved: the restore must happen
+		}
 	}
 	gs.LastFailover = &f
 	c.report(c.save())

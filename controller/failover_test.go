@@ -392,6 +392,59 @@ func TestFailoverOnSlowAnswers(t *testing.T) {
 	}
 }
 
+// TestOperatorFailoverNeedsHealthyTarget: an operator failover towards a switch that does not
+// answer heartbeats is refused before anything is drained (a drain would move the hosts to it).
+func TestOperatorFailoverNeedsHealthyTarget(t *testing.T) {
+	p := newPair(t, DegradePolicy{})
+	c, _ := p.start(t)
+	p.kill(p.standby)
+	eventually(t, "standby failed", func() bool { return c.Monitor().Status()[1].State == StateFailed })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r, err := Ask(ctx, p.dir, Request{Op: "failover", Group: "g"}); err == nil || !strings.Contains(r.Error, "not healthy") {
+		t.Errorf("failover to a dead standby: %+v %v", r, err)
+	}
+	if n := p.switches[p.primary].called("drain"); n != 0 {
+		t.Errorf("the primary was drained %d times", n)
+	}
+}
+
+// TestFailoverRetriedAfterDrain: a degraded failover drains the primary (the hosts move) but the
+// standby's restore fails; the controller retries it every round until it completes, though the
+// drained primary no longer looks degraded.
+func TestFailoverRetriedAfterDrain(t *testing.T) {
+	p := newPair(t, DegradePolicy{MaxResendShare: 0.2, MinPackets: 100, Heartbeats: 3})
+	a, b := p.switches[p.primary], p.switches[p.standby]
+	a.members = twoMembers
+	p.start(t)
+	eventually(t, "job admitted on the standby", func() bool { return p.state(t).Jobs[7].Admitted[p.standby] })
+	b.setBroken(errors.New("restore: disk on fire"))
+	var st bpf.XdpaggHeartbeatStats
+	for range 8 { // resends at half the aggregated DATA, then nothing more
+		st.Aggregated += 1000
+		st.Duplicate += 500
+		p.agents[p.primary].set(st)
+		time.Sleep(25 * time.Millisecond)
+	}
+	f := p.failover(t)
+	if f.Error == "" || f.Reason != ReasonDegraded {
+		t.Fatalf("first attempt %+v", f)
+	}
+	if gs := p.state(t).Groups["g"]; gs.Pending != ReasonDegraded || gs.Active != p.primary {
+		t.Errorf("after the failed attempt: %+v", gs)
+	}
+	b.setBroken(nil)
+	for f.Error != "" {
+		f = p.failover(t)
+	}
+	if f.Reason != ReasonDegraded || f.To != p.standby || f.Source != "drained" {
+		t.Errorf("completed failover %+v", f)
+	}
+	if gs := p.state(t).Groups["g"]; gs.Pending != "" || gs.Active != p.standby {
+		t.Errorf("after the retry: %+v", gs)
+	}
+}
+
 // TestOperatorFailover: `xdpagg failover` through the operator socket drains and moves the
 // group, then moves it back (an operator failover re-arms the group); a drain that fails falls
 // back to the replica; requests for unknown groups, unknown ops and garbage are refused; the

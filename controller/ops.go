@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/xdpagg/xdpagg/mgmt"
@@ -126,6 +127,13 @@ func (c *Controller) handle(ctx context.Context, r Request) Reply {
 		g, ok := c.group(r.Group)
 		if !ok {
 			return Reply{Error: fmt.Sprintf("%v: group %q", ErrNoGroup, r.Group)}
+		}
+		c.mu.Lock()
+		target := other(g, c.st.Groups[g.Name].Active)
+		c.mu.Unlock()
+		// Draining the active switch moves the hosts: only when the other one can take them.
+		if st := c.mon.Status(); !slices.ContainsFunc(st, func(s Status) bool { return s.Name == target && s.State == StateHealthy }) {
+			return Reply{Error: fmt.Sprintf("%s is not healthy: the group stays where it is", target)}
 		}
 		f := c.failover(ctx, g, ReasonOperator, "requested by the operator")
 		return Reply{Failover: &f, Error: f.Error}

@@ -36,7 +36,11 @@ type GroupState struct {
 	// Replica is the active switch's last control snapshot (jobs, keys, members).
 	Replica      *mgmt.Snapshot `json:"replica,omitempty"`
 	LastFailover *Failover      `json:"last_failover,omitempty"`
-	Failovers    map[string]int `json:"failovers,omitempty"` // completed failovers by reason
+	// Pending is the reason of a failover that drained the active switch (so the hosts moved)
+	// but did not restore on the other one: it is retried every round, whatever its trigger
+	// says now, until it completes.
+	Pending   string         `json:"pending,omitempty"`
+	Failovers map[string]int `json:"failovers,omitempty"` // completed failovers by reason
 }
 
 // JobState is one job's part of State.
