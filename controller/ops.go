@@ -181,6 +181,7 @@ type GroupView struct {
 	Armed        bool           `json:"armed"`
 	Switches     []Status       `json:"switches"`
 	Degraded     string         `json:"degraded,omitempty"` // why the active switch is degraded now
+	Pending      string         `json:"pending,omitempty"`  // a drained failover's reason, until its restore completes
 	ReplicaTaken time.Time      `json:"replica_taken,omitzero"`
 	Members      []mgmt.Member  `json:"members"` // in the replica
 	LastFailover *Failover      `json:"last_failover,omitempty"`
@@ -204,7 +205,7 @@ func (c *Controller) View() View {
 	for _, g := range c.cfg.Groups {
 		gs := c.st.Groups[g.Name]
 		gv := GroupView{Name: g.Name, Primary: g.Primary.Name, Standby: g.Standby.Name, Active: gs.Active, Armed: gs.Armed,
-			Degraded: c.degraded[gs.Active], LastFailover: gs.LastFailover, Failovers: gs.Failovers}
+			Degraded: c.degraded[gs.Active], Pending: gs.Pending, LastFailover: gs.LastFailover, Failovers: gs.Failovers}
 		for _, s := range statuses {
 			if s.Name == g.Primary.Name || s.Name == g.Standby.Name {
 				gv.Switches = append(gv.Switches, s)

@@ -49,6 +49,9 @@ func inspectController(path string, asJSON bool, stdout io.Writer) error {
 			armed = "automatic failover disarmed (after a failover: move back with `xdpagg failover`)"
 		}
 		fmt.Fprintf(stdout, "\ngroup %s: primary %s, standby %s, active %s; %s\n", g.Name, g.Primary, g.Standby, g.Active, armed)
+		if g.Pending != "" {
+			fmt.Fprintf(stdout, "  a %s failover drained %s and is being retried until its restore completes\n", g.Pending, g.Active)
+		}
 		if g.Degraded != "" {
 			fmt.Fprintf(stdout, "  active switch degraded: %s\n", g.Degraded)
 		}
