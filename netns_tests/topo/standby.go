@@ -24,7 +24,7 @@ import (
 type Mgmt struct {
 	NS      string   // Prefix+"-mg"
 	Primary MgmtLink // to the switch namespace
-	Standby MgmtLink // to the standby namespace
+	Standby MgmtLink // to the standby namespace (zero without Config.Standby)
 }
 
 // MgmtLink is one management link.
@@ -81,8 +81,8 @@ func (t *Topology) SetPortsUp(ns string, up bool) error {
 	return nil
 }
 
-// buildStandby makes the standby switch, the hosts' second links and the management network;
-// called with mu held, after every host exists.
+// buildStandby makes the standby switch and the hosts' second links; called with mu held, after
+// every host exists.
 func (t *Topology) buildStandby(cfg Config) error {
 	t.StandbyNS = t.Prefix + "-sb"
 	sbNS, sb, err := t.makeSwitchNS(t.StandbyNS)
@@ -116,7 +116,12 @@ func (t *Topology) buildStandby(cfg Config) error {
 		}
 		h.Ifindex2, h.PortIndex2, h.XDPLink2 = ifindex, portIndex, xl
 	}
+	return nil
+}
 
+// buildMgmt makes the management namespace with a link to the switch and, if there is one, to
+// the standby; called with mu held, after the switches exist.
+func (t *Topology) buildMgmt() error {
 	m := &Mgmt{NS: t.Prefix + "-mg",
 		Primary: MgmtLink{Ifname: "m0", Local: netip.AddrFrom4([4]byte{10, 201, 1, 2}), Switch: netip.AddrFrom4([4]byte{10, 201, 1, 1})},
 		Standby: MgmtLink{Ifname: "m1", Local: netip.AddrFrom4([4]byte{10, 201, 2, 2}), Switch: netip.AddrFrom4([4]byte{10, 201, 2, 1})},
@@ -125,10 +130,14 @@ func (t *Topology) buildStandby(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	for _, l := range []struct {
+	links := []struct {
 		ml *MgmtLink
 		ns string
-	}{{&m.Primary, t.SwitchNS}, {&m.Standby, t.StandbyNS}} {
+	}{{&m.Primary, t.SwitchNS}, {&m.Standby, t.StandbyNS}}
+	if t.StandbyNS == "" {
+		links, m.Standby = links[:1], MgmtLink{}
+	}
+	for _, l := range links {
 		sw := t.nlHandles[l.ns]
 		attrs := netlink.NewLinkAttrs()
 		attrs.Name = MgmtIfname

@@ -6,6 +6,10 @@
 //	host ns Prefix-w1  eth0 10.200.2.2/24 ─── p1 10.200.2.1/24 ├ switch ns Prefix-sw (ip_forward=1)
 //	host ns Prefix-ps  eth0 10.200.3.2/24 ─── p2 10.200.3.1/24 ┘
 //
+// Config.Standby adds a standby switch with the primary's port names, addresses and MACs and a
+// second link from every host to it, and Config.Mgmt (or Standby) a management namespace linked
+// to the switches (standby.go).
+//
 // Neighbour entries are static in both directions, so nothing depends on ARP (an XDP program
 // under test may drop it). TX checksum offload is off and GRO on for every veth (unless
 // Config.KernelOffloads). IPv6 is disabled in every namespace so that no stray ICMPv6 traffic
@@ -73,6 +77,9 @@ type Config struct {
 	// standby. It also adds a management namespace (Prefix+"-mg") with a link to each switch
 	// (Topology.Mgmt). HostXDP is attached to both host links.
 	Standby bool
+	// Mgmt adds the management namespace (Topology.Mgmt) with a link to the switch only, for a
+	// topology without a standby (Standby implies it).
+	Mgmt bool
 }
 
 // Host is one host of a topology and the switch port it hangs off.
@@ -299,7 +306,12 @@ func (t *Topology) build(cfg Config) error {
 		}
 	}
 	if cfg.Standby {
-		return t.buildStandby(cfg)
+		if err := t.buildStandby(cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.Standby || cfg.Mgmt {
+		return t.buildMgmt()
 	}
 	return nil
 }
