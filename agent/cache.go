@@ -61,7 +61,7 @@ type cacheKey struct{ job, seq uint32 }
 
 type cacheEntry struct {
 	pkt  []byte // header + values as on the wire (MSG_RESULT, little-endian)
-	want uint32 // workers that must acknowledge it (the result's contributor bitmap)
+	want uint32 // workers that must acknowledge it: every worker of the fan-in
 	at   time.Time
 }
 
@@ -92,9 +92,13 @@ func (c *ResultCache) Store(rec []byte, now time.Time) error {
 	if h.Type != wire.MsgResult || h.Count == 0 || int(h.Count) > wire.MaxValues || n > len(rec) {
 		return fmt.Errorf("%w: type %d count %d in %d bytes", errBadRecord, h.Type, h.Count, len(rec))
 	}
-	want := h.Bitmap0
-	if h.Flags&wire.FlagLevel1 != 0 {
-		want = h.Bitmap1
+	// Every worker of the job must acknowledge it, not only its contributors: with a
+	// threshold H below the fan-in (asynchronous aggregation) a slow worker that is not in the
+	// sum still needs the result, and may have to ask for it here.
+	_, fan := h.LevelBits()
+	want := uint32(1)<<fan - 1
+	if fan >= 32 {
+		want = ^uint32(0)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

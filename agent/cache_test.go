@@ -3,6 +3,7 @@ package agent
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"testing"
 	"time"
 
@@ -10,11 +11,15 @@ import (
 )
 
 // resultRecord is a results ring-buffer record: a RESULT header for <job, seq> with the
-// contributor bitmap, and vals.
+// contributor bitmap (every worker of the fan-in), and vals.
 func resultRecord(t *testing.T, job, seq, bitmap uint32, vals ...int32) []byte {
+	return resultRecordFan(t, job, seq, bitmap, uint8(bits.Len32(bitmap)), vals...)
+}
+
+func resultRecordFan(t *testing.T, job, seq, bitmap uint32, fan uint8, vals ...int32) []byte {
 	t.Helper()
 	h := wire.Header{Version: wire.Version, Type: wire.MsgResult, Count: uint16(len(vals)),
-		JobId: job, Seq: seq, Bitmap0: bitmap, FanIn0: 2, Flags: wire.FlagFromSwitch, ScaleLog2: 24}
+		JobId: job, Seq: seq, Bitmap0: bitmap, FanIn0: fan, Flags: wire.FlagFromSwitch, ScaleLog2: 24}
 	b, err := binary.Append(wire.AppendHeader(nil, &h), binary.LittleEndian, vals)
 	if err != nil {
 		t.Fatal(err)
@@ -187,4 +192,23 @@ func TestResultCacheForgetJob(t *testing.T) {
 	}
 	c.Sweep(now.Add(time.Hour)) // the queues' stale keys are skipped
 	c.ForgetJob(3)              // unknown: nothing
+}
+
+// A result completed at a threshold H below the fan-in stays cached until every worker of the
+// fan-in acknowledged it, not only its contributors: the slow worker outside the sum may still
+// have to ask for it.
+func TestResultCacheKeepsForTheSlowWorker(t *testing.T) {
+	c := NewResultCache(time.Minute, 100)
+	if err := c.Store(resultRecordFan(t, 1, 10, 0b011, 3, 7), time.Unix(1000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	c.Ack(1, 0, 11)
+	c.Ack(1, 1, 11)
+	if _, ok := c.Get(1, 10); !ok {
+		t.Fatal("evicted once its contributors acknowledged it; worker 2 has not")
+	}
+	c.Ack(1, 2, 11)
+	if _, ok := c.Get(1, 10); ok {
+		t.Fatal("still cached after every worker acknowledged it")
+	}
 }

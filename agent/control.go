@@ -59,6 +59,7 @@ const (
 	RejectNotMember   = "not_member"      // ACK/RETRANSMIT/LEAVE not from the worker id's binding
 	RejectBoundElse   = "bound_elsewhere" // JOIN for a worker id held by another live binding
 	RejectBadWorker   = "bad_worker"      // worker id beyond the job's fan-in, or a JOIN naming another PS
+	RejectBadH        = "bad_threshold"   // SETH with H outside 1..the job's workers, or for a sparse job
 	RejectPortFull    = "port_full"       // the port has MaxMembersPerPort members already
 	RejectInternal    = "internal"        // a map operation failed
 	errLogEvery       = time.Second       // at most one warning per port per this interval
@@ -249,6 +250,10 @@ func msgName(t uint8) string {
 		return "RESET"
 	case bpf.XdpaggMsgTypeMSG_HALT:
 		return "HALT"
+	case bpf.XdpaggMsgTypeMSG_SETH:
+		return "SETH"
+	case bpf.XdpaggMsgTypeMSG_FBCAST:
+		return "FBCAST"
 	case bpf.XdpaggMsgTypeMSG_HEARTBEAT:
 		return "HEARTBEAT"
 	}
@@ -260,7 +265,10 @@ func bodySize(t bpf.XdpaggMsgType) (int, bool) {
 	switch t {
 	case bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE:
 		return binary.Size(bpf.XdpaggJoinBody{}), true
-	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT:
+	case bpf.XdpaggMsgTypeMSG_SETH:
+		return binary.Size(bpf.XdpaggSethBody{}), true
+	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT,
+		bpf.XdpaggMsgTypeMSG_FBCAST:
 		return 0, true
 	}
 	return 0, false
@@ -363,12 +371,25 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if bound && !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
 		}
-	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT:
-		// Only the worker id's binding may ask for (or acknowledge) its job's results, or reset
-		// or halt its job (members are trusted with their job's state, and only with it).
+	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT,
+		bpf.XdpaggMsgTypeMSG_SETH, bpf.XdpaggMsgTypeMSG_FBCAST:
+		// Only the worker id's binding may ask for (or acknowledge) its job's results, or reset,
+		// halt, re-threshold or flush its job (members are trusted with their job's state, and
+		// only with it).
 		if !bound || !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
+	}
+	var newH uint8
+	if typ == bpf.XdpaggMsgTypeMSG_SETH {
+		var sb bpf.XdpaggSethBody
+		if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &sb); err != nil {
+			return refuse(RejectMalformed, "seth body: %w", err)
+		}
+		if sb.Threshold < 1 || sb.Threshold > uint32(job.Workers) || job.RegArrays > 0 {
+			return refuse(RejectBadH, "SETH of job %d (%d workers, sparse %v) to %d: use 1..%d", h.JobId, job.Workers, job.RegArrays > 0, sb.Threshold, job.Workers)
+		}
+		newH = uint8(sb.Threshold)
 	}
 	// The stamp is checked (and used up) before anything changes, so a recorded message cannot
 	// be played again.
@@ -415,6 +436,17 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return err
 		}
 		c.log.Info("job halted", "job", h.JobId, "by_worker", h.WorkerId, "members_told", n)
+	case bpf.XdpaggMsgTypeMSG_SETH:
+		c.touch(ref, now)
+		if err := c.maps.SetThreshold(h.JobId, newH); err != nil {
+			return err
+		}
+		c.log.Info("job threshold set", "job", h.JobId, "by_worker", h.WorkerId, "threshold", newH, "workers", job.Workers)
+	case bpf.XdpaggMsgTypeMSG_FBCAST:
+		c.touch(ref, now)
+		if err := c.fbcast(h, from); err != nil {
+			return err
+		}
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
 		c.touch(ref, now)
 		// A member of a job halted a moment ago that is still asking for results did not hear
@@ -494,6 +526,43 @@ func (c *ControlServer) mayJoin(h wire.Header, ifindex int, from netip.AddrPort,
 	return nil
 }
 
+// fbcast forces the partial aggregate of <h.JobId, h.Seq> in slot h.AggIndex out (iSwitch's
+// FBcast): xdpagg_gc completes the slot under its lock with the contributions it holds and copies
+// the sum out; the agent sends it as a RESULT (bitmap0: who is in it) to every member of the job,
+// from the switch's address on the member's port (where workers take results from after a Join),
+// and keeps it in the retransmit cache. A slot that was complete already is sent to the asker
+// alone (it evidently lacks it; the others had the broadcast). A slot that holds no aggregation
+// of the fragment (never started, reused, freed) flushes nothing: the sender gets only the ACK.
+func (c *ControlServer) fbcast(h wire.Header, from netip.AddrPort) error {
+	rec, already, err := c.maps.FlushSlot(h.JobId, h.Seq, h.AggIndex)
+	if errors.Is(err, maps.ErrNoSlot) {
+		c.log.Info("fbcast: nothing to flush", "job", h.JobId, "seq", h.Seq, "slot", h.AggIndex, "by_worker", h.WorkerId)
+		return nil
+	} else if err != nil {
+		return err
+	}
+	pkt, err := binary.Append(nil, binary.LittleEndian, &rec)
+	if err != nil {
+		return fmt.Errorf("encode flushed result: %w", err)
+	}
+	pkt = pkt[:wire.HdrSize+4*int(rec.H.Count)]
+	if already {
+		return c.send(pkt, from)
+	}
+	if c.cache != nil {
+		if err := c.cache.Store(pkt, time.Now()); err != nil {
+			return err
+		}
+	}
+	n, err := c.toMembers(h.JobId, "flushed result", func(m maps.Member, src net.IP) error { return c.sendFrom(pkt, m.Addr, src) })
+	if err != nil {
+		return err
+	}
+	c.log.Info("fbcast: partial aggregate sent", "job", h.JobId, "seq", h.Seq, "slot", h.AggIndex, "by_worker", h.WorkerId,
+		"contributors", fmt.Sprintf("%#x", rec.H.Bitmap0), "members_told", n)
+	return nil
+}
+
 // HaltWindow is how long after a HALT the agent answers a member's RETRANSMIT or ACK with the
 // halt notice again (its first copy may have been lost).
 const HaltWindow = 10 * time.Second
@@ -507,6 +576,14 @@ type haltNotice struct {
 // tellHalt sends an authenticated MSG_HALT notice to every member of the job, from the switch's
 // address on each member's port (the address it joined through). It returns how many it told.
 func (c *ControlServer) tellHalt(job, seq uint32, key []byte) (int, error) {
+	return c.toMembers(job, "halt notice", func(m maps.Member, src net.IP) error {
+		return c.sendHaltFrom(job, m.WorkerID, seq, key, m.Addr, src)
+	})
+}
+
+// toMembers calls send for every member of job with the switch's address on the member's port
+// (the address it joined through), logging the ones that fail; it returns how many succeeded.
+func (c *ControlServer) toMembers(job uint32, what string, send func(m maps.Member, src net.IP) error) (int, error) {
 	ms, err := c.maps.ListMembers()
 	if err != nil {
 		return 0, err
@@ -516,9 +593,8 @@ func (c *ControlServer) tellHalt(job, seq uint32, key []byte) (int, error) {
 		if m.JobID != job {
 			continue
 		}
-		src := portAddress(int(m.Ifindex))
-		if err := c.sendHaltFrom(job, m.WorkerID, seq, key, m.Addr, src); err != nil {
-			c.log.Warn("halt notice not sent", "job", job, "worker", m.WorkerID, "err", err)
+		if err := send(m, portAddress(int(m.Ifindex))); err != nil {
+			c.log.Warn(what+" not sent", "job", job, "worker", m.WorkerID, "err", err)
 			continue
 		}
 		n++
@@ -640,7 +716,7 @@ func (c *ControlServer) admission(job uint32, key []byte) {
 // rejectReasons lists the labels in a stable order (metrics).
 func rejectReasons() []string {
 	r := []string{RejectMalformed, RejectNotAPort, RejectNotAdmitted, RejectUnauth, RejectReplay,
-		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectPortFull, RejectInternal}
+		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectBadH, RejectPortFull, RejectInternal}
 	sort.Strings(r)
 	return r
 }

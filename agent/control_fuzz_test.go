@@ -17,7 +17,8 @@ package agent
 //   - an accepted JOIN binds exactly its sender, and took no live binding from another host, no
 //     live member's place behind the port and no place beyond the port's quota; an accepted LEAVE
 //     came from the binding and unbinds the worker id; an accepted ACK or RETRANSMIT came from
-//     the binding and changes nothing; a replayed or stale stamp is never accepted;
+//     the binding and changes nothing; an accepted SETH came from the binding and set only its
+//     job's threshold, to 1..its workers; a replayed or stale stamp is never accepted;
 //   - a fresh, authentic, well-formed JOIN for a free worker id on a port with room is accepted.
 //
 //	go test ./agent/ -run '^$' -fuzz FuzzControlHandle -fuzztime 60s
@@ -27,6 +28,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"reflect"
@@ -271,12 +273,15 @@ func fzEncode(typ, job, worker, seq, body byte) []byte {
 	}
 	h := wire.Header{Version: wire.Version, Type: typ, JobId: id, Seq: uint32(seq), WorkerId: worker}
 	b := wire.AppendHeader(nil, &h)
-	withBody := typ == wire.MsgJoin || typ == wire.MsgLeave
+	withBody := typ == wire.MsgJoin || typ == wire.MsgLeave || typ == wire.MsgSetH
 	if body&4 != 0 {
 		withBody = !withBody
 	}
 	if !withBody {
 		return b
+	}
+	if typ == wire.MsgSetH {
+		return binary.LittleEndian.AppendUint32(b, uint32(body>>4)) // H 0..15
 	}
 	jb := bpf.XdpaggJoinBody{Mac: [6]byte{0x02, 0xbb, 0, 0, 0, body >> 4}}
 	if body&8 != 0 {
@@ -326,6 +331,8 @@ func FuzzControlHandle(f *testing.F) {
 		ack   = wire.MsgAck
 		rtx   = wire.MsgRetransmit
 		data  = wire.MsgData
+		seth  = wire.MsgSetH
+		fbc   = wire.MsgFBcast
 		sA0   = 0 << 2
 		sA1   = 1 << 2
 		sB    = 2 << 2
@@ -338,6 +345,15 @@ func FuzzControlHandle(f *testing.F) {
 		other = 0x32 // body: MAC ...:03, the other job's PS
 	)
 	seq := func(recs ...[]byte) []byte { return bytes.Join(recs, nil) }
+	// SETH and FBCAST: from the binding (H 2, then a bad H 9 of 4), and from another host.
+	f.Add(seq(
+		fzOp(S|sA0, 0, join, A, 1, 1, mac1),
+		fzOp(S|sA0, 0, seth, A, 1, 2, 0x20),
+		fzOp(S|sA0, 0, seth, A, 1, 3, 0x90),
+		fzOp(S|sB, 0, seth, A, 1, 4, 0x30),
+		fzOp(S|sA0, 0, fbc, A, 1, 5, 0),
+		fzOp(S|sB, 0, fbc, A, 1, 6, 0),
+	))
 	// A job's life: JOIN, ACK, RETRANSMIT, LEAVE from the binding; others refused.
 	f.Add(seq(
 		fzOp(S|sA0, 0, join, A, 3, 1, mac1),
@@ -521,6 +537,19 @@ func FuzzControlHandle(f *testing.F) {
 					}
 					if !there && n >= fzCtlPerPort {
 						t.Fatalf("message %d: JOIN %+v made a member behind port %d, which had %d (at most %d)", i, h, ifindex, n, fzCtlPerPort)
+					}
+				case bpf.XdpaggMsgTypeMSG_SETH:
+					hv := binary.LittleEndian.Uint32(body[wire.HdrSize:])
+					if !fromBinding || hv < 1 || hv > uint32(j.workers) || after.jobs[h.JobId].Threshold != uint8(hv) {
+						t.Fatalf("message %d: SETH %+v (H %d) from %v on %d accepted: binding %v, threshold now %d", i, h, hv, from, ifindex, fromBinding, after.jobs[h.JobId].Threshold)
+					}
+					want := before
+					want.jobs = maps.Clone(before.jobs)
+					v := want.jobs[h.JobId]
+					v.Threshold = uint8(hv)
+					want.jobs[h.JobId] = v
+					if !reflect.DeepEqual(want, after) {
+						t.Fatalf("message %d: SETH %+v changed more than its job's threshold", i, h)
 					}
 				case bpf.XdpaggMsgTypeMSG_LEAVE:
 					if bound {

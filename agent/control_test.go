@@ -125,18 +125,11 @@ func newWorkerAt(t *testing.T, ip string) *worker {
 func (w *worker) readAck(t *testing.T, key []byte) (wire.Header, netip.AddrPort) {
 	t.Helper()
 	var h wire.Header
-	if err := w.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 256)
-	n, from, err := w.conn.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("read ACK: %v", err)
-	}
-	if n != wire.HdrSize+ctlauth.TrailerSize {
+	b, from := w.read(t, "ACK")
+	if n := len(b); n != wire.HdrSize+ctlauth.TrailerSize {
 		t.Errorf("ACK is %d bytes, want a %d-byte header and a %d-byte trailer", n, wire.HdrSize, ctlauth.TrailerSize)
 	}
-	msg, stamp, err := ctlauth.Open(key, buf[:n])
+	msg, stamp, err := ctlauth.Open(key, b)
 	if err != nil {
 		t.Fatalf("ACK does not open under the job's key: %v", err)
 	}
@@ -152,6 +145,20 @@ func (w *worker) readAck(t *testing.T, key []byte) (wire.Header, netip.AddrPort)
 	}
 	wire.DecodeHeader(msg, &h)
 	return h, from
+}
+
+// read reads one datagram (what it should be: for the failure message).
+func (w *worker) read(t *testing.T, what string) ([]byte, netip.AddrPort) {
+	t.Helper()
+	if err := w.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	n, from, err := w.conn.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("read %s: %v", what, err)
+	}
+	return buf[:n], from
 }
 
 // noDatagram fails the test if a datagram is waiting on the worker's socket. The agent sends its
@@ -467,7 +474,7 @@ func TestHandleMalformed(t *testing.T) {
 		malformed("count", withHdr(func(h *wire.Header) { h.Count = 3 }), "count 3"),
 		malformed("DATA", withHdr(func(h *wire.Header) { h.Type = wire.MsgData }), "type 1 is not handled"),
 		malformed("RESULT", withHdr(func(h *wire.Header) { h.Type = wire.MsgResult }), "not handled"),
-		malformed("type 11", withHdr(func(h *wire.Header) { h.Type = 11 }), "not handled"),
+		malformed("type 200", withHdr(func(h *wire.Header) { h.Type = 200 }), "not handled"),
 		malformed("unknown type", withHdr(func(h *wire.Header) { h.Type = 200 }), "type 200"),
 		malformed("join body reserved", func(t *testing.T) []byte {
 			body := joinBody(workerMAC, resultIP)
@@ -1263,4 +1270,157 @@ func TestHandleHeartbeat(t *testing.T) {
 		t.Errorf("answer %+v with %+v", h, st)
 	}
 	wantRefused(t, c.handle(b, testPort, ctl.addr), RejectReplay, "HEARTBEAT")
+}
+
+// readResult reads one datagram, which must be an (unauthenticated) MSG_RESULT, and returns its
+// header and values.
+func (w *worker) readResult(t *testing.T) (wire.Header, []int32) {
+	t.Helper()
+	b, _ := w.read(t, "result")
+	h, vals, err := wire.ParsePacket(b)
+	if err != nil || h.Type != wire.MsgResult {
+		t.Fatalf("not a result: %+v, %v", h, err)
+	}
+	out := make([]int32, h.Count)
+	for i := range out {
+		out[i] = int32(binary.LittleEndian.Uint32(vals[4*i:]))
+	}
+	return h, out
+}
+
+// setH is a sealed SETH of testJob from worker w, asking for threshold h.
+func setH(t testing.TB, key []byte, seq uint32, w uint8, h uint32) []byte {
+	t.Helper()
+	return seal(t, key, binary.LittleEndian.AppendUint32(msg(t, hdr(wire.MsgSetH, testJob, seq, w), nil), h))
+}
+
+// TestHandleSetH: a bound worker's authenticated SETH sets its job's threshold in the datapath
+// (the jobs entry, in place) and is acknowledged; no trailer, another job's key, a sender that is
+// not the binding, a replay and an H outside 1..workers are refused and change nothing.
+func TestHandleSetH(t *testing.T) {
+	ct := newCtlTest(t)
+	c, m := ct.c, ct.sw.Maps
+	w, other := newWorker(t), newWorkerAt(t, "127.0.0.2")
+	accept(t, c, join(t, ct.key, 1, 0), testPort, w.addr)
+	w.readAck(t, ct.key)
+	threshold := func() uint8 {
+		t.Helper()
+		j, err := m.Admission(testJob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j.Threshold
+	}
+
+	wantRefused(t, c.handle(binary.LittleEndian.AppendUint32(msg(t, hdr(wire.MsgSetH, testJob, 2, 0), nil), 3), testPort, w.addr), RejectMalformed, "SETH")
+	wantRefused(t, c.handle(seal(t, ct.key, msg(t, hdr(wire.MsgSetH, testJob, 2, 0), nil)), testPort, w.addr), RejectMalformed, "SETH")
+	wantRefused(t, c.handle(seal(t, ct.otherKey, binary.LittleEndian.AppendUint32(msg(t, hdr(wire.MsgSetH, testJob, 2, 0), nil), 3)), testPort, w.addr), RejectUnauth, "SETH")
+	wantRefused(t, c.handle(setH(t, ct.key, 3, 0, 3), testPort, other.addr), RejectNotMember, "SETH")
+	wantRefused(t, c.handle(setH(t, ct.key, 4, 1, 3), testPort, w.addr), RejectNotMember, "SETH") // worker 1 is not bound
+	for _, bad := range []uint32{0, testWorkers + 1, 1 << 8, 1<<32 - 1} {
+		wantRefused(t, c.handle(setH(t, ct.key, 5, 0, bad), testPort, w.addr), RejectBadH, "SETH")
+	}
+	w.noDatagram(t)
+	if h := threshold(); h != 0 {
+		t.Fatalf("refused SETHs left threshold %d", h)
+	}
+
+	ok := setH(t, ct.key, 6, 0, 3)
+	accept(t, c, ok, testPort, w.addr)
+	if a, _ := w.readAck(t, ct.key); a.Type != msgAck || a.Seq != 6 {
+		t.Errorf("SETH answered with %+v, want an ACK of seq 6", a)
+	}
+	if h := threshold(); h != 3 {
+		t.Errorf("threshold after SETH 3: %d", h)
+	}
+	wantRefused(t, c.handle(ok, testPort, w.addr), RejectReplay, "SETH")
+	accept(t, c, setH(t, ct.key, 7, 0, testWorkers), testPort, w.addr)
+	w.readAck(t, ct.key)
+	if h := threshold(); h != testWorkers {
+		t.Errorf("threshold after SETH %d: %d", testWorkers, h)
+	}
+	if j, _ := m.Admission(otherJob); j.Threshold != 0 {
+		t.Errorf("another job's threshold changed to %d", j.Threshold)
+	}
+}
+
+// TestHandleFBcast: a bound worker's authenticated FBCAST completes the named slot with the
+// contributions it holds; every member of the job gets the partial sum as a RESULT whose bitmap
+// names them, the retransmit cache keeps it, and the sender gets the ACK. Asked again, only the
+// sender gets the (now complete) sum; a fragment the slot does not hold gets only the ACK. A
+// sender that is not the binding, another job's key and a replay are refused and flush nothing.
+func TestHandleFBcast(t *testing.T) {
+	ct := newCtlTest(t)
+	c, m := ct.c, ct.sw.Maps
+	cache := NewResultCache(time.Minute, 100)
+	c.SetCache(cache)
+	w0, w1, other := newWorker(t), newWorkerAt(t, "127.0.0.3"), newWorkerAt(t, "127.0.0.2")
+	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
+	w0.readAck(t, ct.key)
+	accept(t, c, join(t, ct.key, 2, 1), testPort2, w1.addr)
+	w1.readAck(t, ct.key)
+
+	// Slot 3 aggregates <testJob, 7>: workers 0 and 2 of 4 are in.
+	idx := uint32(3)
+	s := bpf.XdpaggSlot{JobId: testJob, Seq: 7, State: uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), FanIn: testWorkers,
+		Nvals: 2, Bitmap: 0b101, Counter: 2, ScaleLog2: 24, TsNs: 1}
+	s.Vals[0], s.Vals[1] = 5, -6
+	if err := m.Slots.Update(&idx, &s, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	fb := func(seq, slot uint32, w uint8, key []byte) []byte {
+		h := hdr(wire.MsgFBcast, testJob, seq, w)
+		h.AggIndex = slot
+		return sealed(t, key, h, nil)
+	}
+	state := func() uint8 {
+		sl, err := m.Slot(idx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sl.State
+	}
+	wantRefused(t, c.handle(fb(7, idx, 0, ct.key), testPort, other.addr), RejectNotMember, "FBCAST")
+	wantRefused(t, c.handle(fb(7, idx, 0, ct.otherKey), testPort, w0.addr), RejectUnauth, "FBCAST")
+	w0.noDatagram(t)
+	w1.noDatagram(t)
+	if st := state(); st != uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING) {
+		t.Fatalf("refused FBCASTs left the slot in state %d", st)
+	}
+
+	ok := fb(7, idx, 0, ct.key)
+	accept(t, c, ok, testPort, w0.addr)
+	want := wire.Header{Version: wire.Version, Type: wire.MsgResult, ScaleLog2: 24, Flags: wire.FlagFromSwitch, Count: 2,
+		JobId: testJob, Seq: 7, AggIndex: idx, Bitmap0: 0b101, FanIn0: testWorkers}
+	for _, w := range []*worker{w0, w1} {
+		h, vals := w.readResult(t)
+		if h != want || len(vals) != 2 || vals[0] != 5 || vals[1] != -6 {
+			t.Errorf("flushed result %+v %v, want %+v [5 -6]", h, vals, want)
+		}
+	}
+	if a, _ := w0.readAck(t, ct.key); a.Type != msgAck || a.Seq != 7 {
+		t.Errorf("FBCAST answered with %+v, want an ACK of seq 7", a)
+	}
+	if st := state(); st != uint8(bpf.XdpaggSlotStateSLOT_COMPLETE) {
+		t.Errorf("slot state after FBCAST: %d, want complete", st)
+	}
+	if pkt, hit := cache.Get(testJob, 7); !hit || len(pkt) != wire.HdrSize+8 {
+		t.Errorf("flushed result not in the retransmit cache (%d bytes, %v)", len(pkt), hit)
+	}
+	wantRefused(t, c.handle(ok, testPort, w0.addr), RejectReplay, "FBCAST")
+
+	// Again, from worker 1: the slot is complete; only the asker gets the sum.
+	accept(t, c, fb(7, idx, 1, ct.key), testPort2, w1.addr)
+	if h, _ := w1.readResult(t); h != want {
+		t.Errorf("complete slot's result %+v, want %+v", h, want)
+	}
+	w1.readAck(t, ct.key)
+	w0.noDatagram(t)
+	// A fragment the slot does not hold: nothing flushed, only the ACK.
+	accept(t, c, fb(8, idx, 0, ct.key), testPort, w0.addr)
+	if a, _ := w0.readAck(t, ct.key); a.Type != msgAck || a.Seq != 8 {
+		t.Errorf("FBCAST of nothing answered with %+v, want an ACK of seq 8", a)
+	}
+	w0.noDatagram(t)
+	w1.noDatagram(t)
 }

@@ -60,7 +60,7 @@ const (
 	catResult                   // MSG_RESULT, from the PS or not
 	catMalformed                // parse-level or header-level garbage: rx+malformed, drop, no slot touched
 	catNonAgg                   // not xdpagg traffic at all: non_agg, passed untouched
-	catControl                  // control messages (JOIN, LEAVE, ACK, RETRANSMIT): rx+control, passed untouched
+	catControl                  // control messages (JOIN ... FBCAST): rx+control, passed untouched
 	catIPInvalid                // to the agg port with IP options, as a first fragment, or a bad IP checksum: rx+ip_invalid, drop
 )
 
@@ -92,7 +92,8 @@ func fuzzExpect(m *model, p fuzzPkt) (want outcome, unchanged bool) {
 
 // Input layout. A 5-byte preamble: fan-in of jobs 1..3 (1..4 each), where their sequence numbers
 // start (0, just before the 32-bit wrap, just before the sign flip, or anywhere), and their slot
-// quotas (bits 2j-2..2j-1 of byte 4: 1 + that, 4 being the whole pool). Then one packet per
+// quotas (bits 2j-2..2j-1 of byte 4: 1 + that, 4 being the whole pool); bits 6-7 of byte 4 are
+// job 1's threshold H (0: its fan-in). Then one packet per
 // fuzzPktLen bytes (a short tail is zero-padded), at most fuzzMaxPkts:
 //
 //	b0  kind (b0 % 16): 0-7 DATA, 8 repeat the previous frame byte for byte, 9 PS result,
@@ -224,6 +225,7 @@ func FuzzSwitchModel(f *testing.F) {
 		var pre [fuzzPreamble]byte
 		copy(pre[:], data)
 		m := newModel([3]uint32{1 + uint32(pre[4]&3), 1 + uint32(pre[4]>>2&3), 1 + uint32(pre[4]>>4&3)})
+		m.jobs[1].threshold = pre[4] >> 6 // 0: the fan-in
 		s := switchForFuzz(t, m)
 		fan := map[uint32]uint8{1: 1 + pre[0]%4, 2: 1 + pre[1]%4, 3: 1 + pre[2]%4}
 		start := [4]uint32{0, 0xfffffffe, 0x7ffffffe, uint32(pre[3]) << 24}[pre[3]%4]
@@ -384,7 +386,10 @@ func fuzzPacket(b [fuzzPktLen]byte, n int, fan map[uint32]uint8, base map[uint32
 	case 12, 13:
 		return fuzzMalformed(d, b[7]%fuzzMalformations, param, desc), true
 	case 14:
-		typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN) + b[7]%6
+		ctl := []bpf.XdpaggMsgType{bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE, bpf.XdpaggMsgTypeMSG_RESET,
+			bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_HEARTBEAT,
+			bpf.XdpaggMsgTypeMSG_HALT, bpf.XdpaggMsgTypeMSG_SETH, bpf.XdpaggMsgTypeMSG_FBCAST}
+		typ := uint8(ctl[int(b[7])%len(ctl)])
 		c := d.with(func(f *frame) {
 			f.DstIP = switchIP
 			f.Hdr.Type = typ
@@ -438,8 +443,8 @@ func fuzzMalformed(d frame, k, p uint8, desc string) fuzzPkt {
 			what = fmt.Sprintf("reserved %#x", f.Hdr.Reserved)
 		case 7:
 			f.Hdr.Type = p
-			if p >= 1 && p <= uint8(bpf.XdpaggMsgTypeMSG_HEARTBEAT) {
-				f.Hdr.Type = p % 2 * (p + 8) // 0 or 10..16
+			if p >= 1 && p <= 16 { // the known types, and 13..16 for types being added elsewhere
+				f.Hdr.Type = p % 2 * (p + 100) // 0 or 101..115
 			}
 			what = fmt.Sprintf("type %d", f.Hdr.Type)
 		case 8:
@@ -501,7 +506,7 @@ func fuzzMalformed(d frame, k, p uint8, desc string) fuzzPkt {
 			f.Pad = 1 + int(p%8)
 			what = fmt.Sprintf("%d bytes after the IPv4 total length", f.Pad)
 		case 17:
-			f.Hdr.Type = [2]uint8{11, 12 + p%5}[p%2]
+			f.Hdr.Type = [2]uint8{20, 21 + p%5}[p%2]
 			what = fmt.Sprintf("reserved type %d", f.Hdr.Type)
 		case 18:
 			f.Hdr.Encoding = encSparseKV

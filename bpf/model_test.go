@@ -43,6 +43,7 @@ type mjob struct {
 	psIfindex uint32
 	maxSlots  uint32
 	held      int32
+	threshold uint8 // H: a slot completes with min(H, fan-in) contributors (0: the fan-in)
 }
 
 // The model's jobs: modelJobs are admitted (PS psIP:aggPort behind loIfindex) with every worker
@@ -76,7 +77,7 @@ func enrollModel(t testing.TB, mp *maps.Maps, m *model) {
 	t.Helper()
 	for id, j := range m.jobs {
 		admit(t, mp, maps.Job{JobID: id, PS: netip.AddrPortFrom(netip.AddrFrom4(j.psIP), j.psPort), PSIfindex: j.psIfindex,
-			Workers: uint8(bpf.MaxWorkers), MaxSlots: j.maxSlots})
+			Workers: uint8(bpf.MaxWorkers), MaxSlots: j.maxSlots, Threshold: j.threshold})
 		enrollWorkers(t, mp, loIfindex, id)
 	}
 	enrollWorkers(t, mp, loIfindex, modelUnadmitted)
@@ -91,7 +92,7 @@ func resetJobs(t testing.TB, mp *maps.Maps, m *model) {
 		if err := mp.Jobs.Lookup(id, &v); err != nil {
 			t.Fatalf("read job %d: %v", id, err)
 		}
-		v.MaxSlots, v.Held = j.maxSlots, j.held
+		v.MaxSlots, v.Held, v.Threshold = j.maxSlots, j.held, j.threshold
 		if err := mp.Jobs.Update(id, &v, ebpf.UpdateExist); err != nil {
 			t.Fatalf("rewrite job %d: %v", id, err)
 		}
@@ -165,7 +166,8 @@ func (m *model) step(f frame) outcome {
 	s := &m.slots[h.AggIndex]
 	c := mcontrib{job: h.JobId, seq: h.Seq, bitmap: bm, nvals: h.Count, fan: uint8(fan), scale: h.ScaleLog2,
 		flags: h.Flags & (fECN | fOverflow), resend: h.Flags&fResend != 0,
-		quotaOK: j.held < int32(j.maxSlots)} // read before the slot's lock, as the switch does
+		quotaOK: j.held < int32(j.maxSlots), // read before the slot's lock, as the switch does
+		need:    slotNeed(uint8(fan), j.threshold)}
 	how := map[uint8]string{slotFree: "reserve a free slot", slotAggregating: "take over own older half-filled slot",
 		slotComplete: "retake own completed slot"}[s.state]
 	matched := s.state != slotFree && s.job == h.JobId && s.seq == h.Seq
@@ -188,7 +190,7 @@ func (m *model) step(f frame) outcome {
 	if ovf {
 		s.flags |= fOverflow
 	}
-	slotSettle(s, &d)
+	slotSettle(s, &d, c.need)
 	j.held += d.heldDelta
 	if d.prevOwner != 0 {
 		m.jobs[d.prevOwner].held--
@@ -276,6 +278,15 @@ type mcontrib struct {
 	fan, scale       uint8
 	flags            uint16
 	resend, quotaOK  bool
+	need             uint8
+}
+
+// slotNeed mirrors slot_need.
+func slotNeed(fan, h uint8) uint8 {
+	if h != 0 && h < fan {
+		return h
+	}
+	return fan
 }
 
 type mdecision struct {
@@ -353,7 +364,7 @@ func slotDecide(s *mslot, c mcontrib) (d mdecision) {
 	default:
 		slotMerge(s, bm, c.flags)
 		d.verdict = vAggregated
-		if bits.OnesCount32(s.bitmap) >= int(s.fan) {
+		if bits.OnesCount32(s.bitmap) >= int(c.need) {
 			d.pass = passAddOut
 		} else {
 			d.pass = passAdd
@@ -363,8 +374,8 @@ func slotDecide(s *mslot, c mcontrib) (d mdecision) {
 }
 
 // slotSettle mirrors slot_settle.
-func slotSettle(s *mslot, d *mdecision) {
-	full := bits.OnesCount32(s.bitmap) >= int(s.fan)
+func slotSettle(s *mslot, d *mdecision, need uint8) {
+	full := bits.OnesCount32(s.bitmap) >= int(need)
 	if (d.verdict == vAggregated || d.verdict == vFlush) && full {
 		s.state = slotComplete
 		d.verdict = vCompleted
@@ -482,9 +493,14 @@ func TestSwitchModel(t *testing.T) {
 			// Slot quotas of jobs 1..3 (of a pool of 4): tight for one job or two, none for another.
 			quota := map[uint64][3]uint32{1: {1, 2, 4}, 2: {2, 1, 3}, 3: {1, 1, 2}}[seed]
 			m := newModel(quota)
+			// Thresholds H of jobs 1..3 (0: the fan-in; above the fan-in: the fan-in too).
+			hs := map[uint64][3]uint8{1: {0, 1, 2}, 2: {2, 2, 0}, 3: {3, 0, 2}}[seed]
+			for i, j := range modelJobs {
+				m.jobs[j].threshold = hs[i]
+			}
 			enrollModel(t, sl.Maps, m)
 			s.base = s.counters(t)
-			t.Logf("fan-in by job: %v, slot quotas of jobs 1..3: %v", fans, quota)
+			t.Logf("fan-in by job: %v, slot quotas of jobs 1..3: %v, thresholds: %v", fans, quota, hs)
 			seen := map[string]int{}
 			var history []string
 			// A crude job emulation keeps the walk in interesting states: the workers of each job
@@ -572,11 +588,13 @@ func TestSwitchModel(t *testing.T) {
 					case want.verdict == xdpRedirect:
 						done[fr] = true
 					case want.verdict == xdpPass && f.Hdr.FanIn0 == fan && int(f.Hdr.Count) == modelCount(job, fr[1]):
-						bits := uint32(1) << w
+						contrib := uint32(1) << w
 						if want.out != nil {
-							bits = want.out.Hdr.Bitmap0 // a flushed partial aggregate
+							contrib = want.out.Hdr.Bitmap0 // a flushed partial aggregate
 						}
-						if atPS[fr] |= bits; atPS[fr] == full && !done[fr] && !queued[fr] {
+						// The PS completes at the job's threshold too.
+						need := int(slotNeed(fan, m.jobs[job].threshold))
+						if atPS[fr] |= contrib; bits.OnesCount32(atPS[fr]) >= need && !done[fr] && !queued[fr] {
 							psQueue = append(psQueue, fr)
 							queued[fr] = true
 						}

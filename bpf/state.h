@@ -29,6 +29,9 @@ enum data_verdict {
 #ifndef READ_ONCE
 #define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
 #endif
+#ifndef WRITE_ONCE
+#define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
+#endif
 
 /* A slot of job_id was freed or taken by another job: one slot less held by job_id. */
 static __always_inline void job_release_slot(__u32 job_id)
@@ -138,8 +141,16 @@ struct contrib {
 	__u16 flags;      /* F_ECN | F_OVERFLOW of the packet */
 	__u8 resend;      /* F_RESEND */
 	__u8 quota_ok;    /* the job may reserve a slot it does not hold */
+	__u8 need;        /* distinct contributors that complete the slot: the job's threshold H when
+			   * 0 < H < fan_in (asynchronous aggregation), else fan_in */
 	__u64 now;        /* bpf_ktime_get_ns() */
 };
+
+/* The contributors that complete a slot of fan-in `fan` for a job of threshold h (0: the fan-in). */
+static __always_inline __u8 slot_need(__u8 fan, __u8 h)
+{
+	return h && h < fan ? h : fan;
+}
 
 /* What the state machine decided for a contribution. */
 struct decision {
@@ -250,21 +261,23 @@ static __always_inline void slot_decide(struct slot *s, const struct contrib *c,
 		slot_merge(s, bm, c->flags);
 		s->ts_ns = c->now;
 		d->verdict = V_AGGREGATED;
-		/* Complete when every contributor is in: bits, not packets, since a packet may carry
-		 * a partial aggregate of several workers. Known before adding, so only the completing
-		 * contribution pays for writing the sum into its packet. */
-		if ((__u32)__builtin_popcount(s->bitmap) >= s->fan_in)
+		/* Complete when every contributor is in (or H of them, asynchronous): bits, not
+		 * packets, since a packet may carry a partial aggregate of several workers. Known
+		 * before adding, so only the completing contribution pays for writing the sum into
+		 * its packet. Contributions after that find the slot complete and get its shadow
+		 * copy, the sum without them. */
+		if ((__u32)__builtin_popcount(s->bitmap) >= c->need)
 			d->pass = PASS_ADD_OUT;
 		else
 			d->pass = PASS_ADD;
 	}
 }
 
-/* After the value pass, still under the lock: a full slot completes (a resend that completes
+/* After the value pass, still under the lock: a full slot (need contributors) completes (a resend that completes
  * the sum completes it here), a flushed one is freed. */
-static __always_inline void slot_settle(struct slot *s, struct decision *d)
+static __always_inline void slot_settle(struct slot *s, struct decision *d, __u32 need)
 {
-	int full = (__u32)__builtin_popcount(s->bitmap) >= s->fan_in;
+	int full = (__u32)__builtin_popcount(s->bitmap) >= need;
 	if ((d->verdict == V_AGGREGATED || d->verdict == V_FLUSH) && full) {
 		s->state = SLOT_COMPLETE;
 		d->verdict = V_COMPLETED;

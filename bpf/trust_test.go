@@ -116,7 +116,7 @@ func TestSwitchIPInvalid(t *testing.T) {
 		{"DATA with a bad IPv4 checksum", data.with(func(f *frame) { f.BadIPCsum = true })},
 		{"RESULT with a bad IPv4 checksum", res.with(func(f *frame) { f.BadIPCsum = true })},
 		{"JOIN with a bad IPv4 checksum", join.with(func(f *frame) { f.BadIPCsum = true })},
-		{"an unknown type with a bad IPv4 checksum", join.with(func(f *frame) { f.Hdr.Type = 11; f.BadIPCsum = true })},
+		{"an unknown type with a bad IPv4 checksum", join.with(func(f *frame) { f.Hdr.Type = 200; f.BadIPCsum = true })},
 		{"bad checksum and a malformed header", data.with(func(f *frame) { f.Hdr.Version = 2; f.BadIPCsum = true })},
 		{"bad checksum and trailing bytes", data.with(func(f *frame) { f.Pad = 3; f.BadIPCsum = true })},
 		{"bad checksum, header cut", data.with(func(f *frame) { f.Truncate = offHdr + 4; f.BadIPCsum = true })},
@@ -519,7 +519,7 @@ func TestSwitchControlBudget(t *testing.T) {
 		// held back by it, nor do they use it up.
 		s.runExpect(t, dataFrame(1, 1, 0, 0, 2, 1), xdpDrop)
 		s.runExpect(t, resultFrame(1, 1, 0, 2, 1), xdpRedirect)
-		s.runExpect(t, join.with(setHdr(func(h *bpf.XdpaggHdr) { h.Type = 11 })), xdpDrop)
+		s.runExpect(t, join.with(setHdr(func(h *bpf.XdpaggHdr) { h.Type = 200 })), xdpDrop)
 		s.expectDelta(t, cnt{maps.CntRx: 3, maps.CntAggregated: 1, maps.CntPSResult: 1, maps.CntMalformed: 1})
 		s.runExpect(t, join, xdpDrop)
 		s.expectDelta(t, cnt{maps.CntRx: 1, maps.CntCtlLimited: 1})

@@ -17,7 +17,8 @@
  *                  its peer runs an XDP program.
  *   xdpagg_sparse  one pass of a hot (sparse) packet over the register arrays; entered by tail call
  *                  from xdpagg_switch and from itself (recirculation), never attached.
- *   xdpagg_gc      never attached: the agent's slot garbage collector, run with BPF_PROG_TEST_RUN.
+ *   xdpagg_gc      never attached: the agent's slot garbage collector, run with BPF_PROG_TEST_RUN;
+ *                  also the agent's slot operations (SetH's threshold, FBcast's flush).
  *
  * Switch constraints we emulate (docs/design.md): every loop has a named constant bound; each
  * register map (slots, members, counters) is looked up at most once per packet pass; one
@@ -424,6 +425,9 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		.flags = h->flags & (F_ECN | F_OVERFLOW),
 		.resend = (h->flags & F_RESEND) != 0,
 		.quota_ok = (__s32)READ_ONCE(j->held) < (__s32)j->max_slots,
+		/* H as the job has it now (SetH changes it in place at any time): a slot completes
+		 * at the threshold in force when its H-th contribution arrives. */
+		.need = slot_need(fan, READ_ONCE(j->threshold)),
 		.now = bpf_ktime_get_ns(),
 	};
 	struct decision d = {};
@@ -460,7 +464,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		}
 		if (ovf)
 			s->flags |= F_OVERFLOW;
-		slot_settle(s, &d);
+		slot_settle(s, &d, in.need);
 		out_bitmap = s->bitmap;
 		out_flags = s->flags;
 	}
@@ -671,6 +675,8 @@ int xdpagg_switch(struct xdp_md *ctx)
 	case MSG_LEAVE:
 	case MSG_RESET:
 	case MSG_HALT:
+	case MSG_SETH:
+	case MSG_FBCAST:
 	case MSG_HEARTBEAT:
 	case MSG_ACK:
 	case MSG_RETRANSMIT:
@@ -748,11 +754,78 @@ int xdpagg_pass(struct xdp_md *ctx)
  * is the datapath's own (bpf_ktime_get_ns), whatever clock the caller's namespace shows.
  */
 
+/* OP_SET_H: the job's threshold, one byte stored in place (the datapath reads it with READ_ONCE;
+ * rewriting the entry would lose `held`'s concurrent atomic adds). */
+static __always_inline __u32 op_set_h(__u32 job_id, __u32 h)
+{
+	struct job *j = bpf_map_lookup_elem(&jobs, &job_id);
+	if (!j || h > XAGG_MAX_WORKERS)
+		return OPS_NONE;
+	WRITE_ONCE(j->threshold, (__u8)h);
+	return OPS_SET;
+}
+
+/* OP_FLUSH (FBcast): under the slot's lock, a slot aggregating <job, seq> becomes complete with
+ * the contributions it holds (later ones get its shadow copy, as after a completion at H), and
+ * its sum is copied out with its header; a slot already complete for <job, seq> is copied out as
+ * it is. Anything else is left alone. */
+static __always_inline __u32 op_flush(struct slot_op *o, void *end, __u32 job_id, __u32 seq, __u32 idx, __u64 now)
+{
+	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
+	if (!s)
+		return OPS_NONE;
+	__u32 status = OPS_NONE;
+	bpf_spin_lock(&s->lock);
+	if (s->state != SLOT_FREE && s->job_id == job_id && s->seq == seq) {
+		status = s->state == SLOT_COMPLETE ? OPS_COMPLETE : OPS_FLUSHED;
+		s->state = SLOT_COMPLETE;
+		s->ts_ns = now;
+		o->rec.h.version = XAGG_VERSION;
+		o->rec.h.type = MSG_RESULT;
+		o->rec.h.encoding = ENC_FIXED32;
+		o->rec.h.scale_log2 = s->scale_log2;
+		o->rec.h.flags = (s->flags & (F_ECN | F_OVERFLOW)) | F_FROM_SWITCH;
+		o->rec.h.count = s->nvals;
+		o->rec.h.job_id = job_id;
+		o->rec.h.seq = seq;
+		o->rec.h.agg_index = idx;
+		o->rec.h.bitmap0 = s->bitmap;
+		o->rec.h.bitmap1 = 0;
+		o->rec.h.fan_in0 = s->fan_in;
+		o->rec.h.fan_in1 = 0;
+		o->rec.h.worker_id = 0;
+		o->rec.h.reserved = 0;
+		/* Every chunk (the tail past count is undefined, as in the results ring). */
+		copy_packet((__u64 *)s->vals, o->rec.vals, end, MAX_CHUNKS, 1);
+	}
+	bpf_spin_unlock(&s->lock);
+	return status;
+}
+
 SEC("xdp")
 int xdpagg_gc(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
+	if (ctx->data_end - ctx->data == sizeof(struct slot_op)) {
+		/* The agent's slot operations (SetH, FBcast). */
+		struct slot_op *o = data;
+		if ((void *)(o + 1) > data_end)
+			return XDP_ABORTED;
+		__u32 op = o->op, job_id = o->job_id, seq = o->seq, idx = o->agg_index, h = o->threshold;
+		__u32 status = OPS_NONE;
+		if (op == OP_SET_H)
+			status = op_set_h(job_id, h);
+		else if (op == OP_FLUSH)
+			status = op_flush(o, data_end, job_id, seq, idx, bpf_ktime_get_ns());
+		data = (void *)(long)ctx->data;
+		data_end = (void *)(long)ctx->data_end;
+		o = data;
+		if ((void *)(o + 1) > data_end)
+			return XDP_ABORTED;
+		o->status = status;
+		return XDP_PASS;
+	}
 	struct gc_args *a = data;
 	if ((void *)(a + 1) > data_end)
 		return XDP_ABORTED;
@@ -786,6 +859,10 @@ struct result_rec *const volatile unused_result_rec;
 struct cache_stats *const volatile unused_cache_stats;
 struct ctl_auth *const volatile unused_ctl_auth;
 struct gc_args *const volatile unused_gc_args;
+struct slot_op *const volatile unused_slot_op;
+struct seth_body *const volatile unused_seth_body;
+const volatile enum slot_op_kind unused_slot_op_kind;
+const volatile enum slot_op_status unused_slot_op_status;
 struct heartbeat_stats *const volatile unused_heartbeat_stats;
 struct sparse_hdr *const volatile unused_sparse_hdr;
 struct kv_pair *const volatile unused_kv_pair;

@@ -110,6 +110,9 @@ enum msg_type {
 	MSG_HEARTBEAT = 8,  /* control: the controller asks an agent how its switch is; answered with struct heartbeat_stats */
 	MSG_PULL = 9,       /* sparse read-out: the PS asks the switch for a range of hot sums; the switch answers in place */
 	MSG_HALT = 10,      /* control: a member asks the agent to suspend its job; the agent tells every member (iSwitch Halt) */
+	MSG_SETH = 11,      /* control: a member sets its job's aggregation threshold H (iSwitch SetH); body struct seth_body */
+	MSG_FBCAST = 12,    /* control: a member asks the switch to force the partial aggregate of <job, seq> out (iSwitch FBcast) */
+	/* 13 is taken by MSG_HELP (another change). */
 };
 
 /* Value encodings (hdr.encoding). */
@@ -274,6 +277,14 @@ struct join_body {
 			  * admitted PS's address; a JOIN can never choose another */
 };
 
+/*
+ * Body of MSG_SETH (after a header with count = 0, before the struct ctl_auth trailer): the job's
+ * new aggregation threshold. Little-endian. Answered by an authenticated MSG_ACK.
+ */
+struct seth_body {
+	__u32 threshold; /* H, 1..the job's admitted workers (else the agent refuses it: bad_worker) */
+};
+
 /* Slot states (slot.state). */
 enum slot_state {
 	SLOT_FREE = 0,
@@ -349,7 +360,11 @@ struct job {
 	__u16 ps_port;    /* the PS's UDP port (RESULTs' source port), network byte order */
 	__u8 fan_in;      /* admitted workers: the agent binds worker ids below it (the datapath takes
 			   * fan_in0 from DATA: members are trusted with their own job's sums) */
-	__u8 pad;
+	__u8 threshold;   /* H, asynchronous aggregation (iSwitch): a dense slot completes once it holds
+			   * H distinct contributions, if H < its fan-in; 0 = the fan-in (synchronous).
+			   * Set at admission, changed at run time only by xdpagg_gc's OP_SET_H (one
+			   * byte stored in place, read with READ_ONCE): a map update would replace
+			   * the entry and lose `held`'s concurrent atomic adds. */
 	__u32 max_slots;  /* most aggregator slots the job may hold at once (quota), host order */
 	__s32 held;       /* slots the job holds now (aggregating or shadow copy); atomic, host order.
 			   * The control plane writes a job once, at admission: a rewrite would lose
@@ -368,9 +383,9 @@ struct job_key {
 };
 
 /*
- * Authentication trailer of every control message (JOIN, LEAVE, ACK, RETRANSMIT, and the agent's
- * ACK answers): appended after the header and body. tag = HMAC-SHA256(job key, every byte before
- * tag), first 16 bytes. stamp orders a sender's messages for replay protection: the receiver
+ * Authentication trailer of every control message (JOIN, LEAVE, RESET, HALT, SETH, FBCAST, ACK,
+ * RETRANSMIT, and the agent's ACK answers): appended after the header and body.
+ * tag = HMAC-SHA256(job key, every byte before tag), first 16 bytes. stamp orders a sender's messages for replay protection: the receiver
  * accepts only a stamp above the last it accepted from that sender and within a freshness window
  * of its own clock (docs/security.md).
  */
@@ -435,6 +450,36 @@ struct gc_args {
 struct result_rec {
 	struct hdr h;
 	__s32 vals[XAGG_MAX_VALUES];
+};
+
+/*
+ * A slot operation of the agent, run like the garbage collector: `xdpagg_gc` on a "packet" of
+ * exactly sizeof(struct slot_op) bytes (a struct gc_args-sized one is a collection). Each
+ * operation happens in the kernel under the lock that the datapath takes, so it never races a
+ * packet. Host order.
+ */
+enum slot_op_kind {
+	OP_SET_H = 1, /* jobs[job_id].threshold = threshold (in place) */
+	OP_FLUSH = 2, /* FBcast: complete the slot agg_index if it aggregates <job_id, seq>, and copy
+		       * its sum out into rec */
+};
+
+enum slot_op_status {
+	OPS_NONE = 0,     /* nothing done: no such job, or the slot holds no aggregation of <job, seq> */
+	OPS_SET = 1,      /* OP_SET_H: written */
+	OPS_FLUSHED = 2,  /* OP_FLUSH: the slot held a partial aggregate; it is complete now, rec holds it */
+	OPS_COMPLETE = 3, /* OP_FLUSH: the slot was complete already; rec holds its sum */
+};
+
+struct slot_op {
+	__u32 op;        /* enum slot_op_kind */
+	__u32 job_id;
+	__u32 seq;       /* OP_FLUSH: the fragment */
+	__u32 agg_index; /* OP_FLUSH: its slot */
+	__u32 threshold; /* OP_SET_H: the new H (0..XAGG_MAX_WORKERS) */
+	__u32 status;    /* out: enum slot_op_status */
+	struct result_rec rec; /* out (OPS_FLUSHED, OPS_COMPLETE): the sum as a MSG_RESULT with
+				* F_FROM_SWITCH, bitmap0 its contributors, fan_in0 the slot's fan-in */
 };
 
 /*

@@ -186,7 +186,7 @@ type XdpaggJob struct {
 	PsIfindex uint32
 	PsPort    uint16
 	FanIn     uint8
-	Pad       uint8
+	Threshold uint8
 	MaxSlots  uint32
 	Held      int32
 	RegBase   uint16
@@ -266,6 +266,8 @@ const (
 	XdpaggMsgTypeMSG_HEARTBEAT  XdpaggMsgType = 8
 	XdpaggMsgTypeMSG_PULL       XdpaggMsgType = 9
 	XdpaggMsgTypeMSG_HALT       XdpaggMsgType = 10
+	XdpaggMsgTypeMSG_SETH       XdpaggMsgType = 11
+	XdpaggMsgTypeMSG_FBCAST     XdpaggMsgType = 12
 )
 
 type XdpaggPortQueue struct {
@@ -303,6 +305,11 @@ type XdpaggScratch struct {
 	Vals [32]int32
 }
 
+type XdpaggSethBody struct {
+	_         structs.HostLayout
+	Threshold uint32
+}
+
 type XdpaggSlot struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -321,6 +328,33 @@ type XdpaggSlot struct {
 	TsNs      uint64
 	Vals      [832]int32
 }
+
+type XdpaggSlotOp struct {
+	_         structs.HostLayout
+	Op        uint32
+	JobId     uint32
+	Seq       uint32
+	AggIndex  uint32
+	Threshold uint32
+	Status    uint32
+	Rec       XdpaggResultRec
+}
+
+type XdpaggSlotOpKind uint32
+
+const (
+	XdpaggSlotOpKindOP_SET_H XdpaggSlotOpKind = 1
+	XdpaggSlotOpKindOP_FLUSH XdpaggSlotOpKind = 2
+)
+
+type XdpaggSlotOpStatus uint32
+
+const (
+	XdpaggSlotOpStatusOPS_NONE     XdpaggSlotOpStatus = 0
+	XdpaggSlotOpStatusOPS_SET      XdpaggSlotOpStatus = 1
+	XdpaggSlotOpStatusOPS_FLUSHED  XdpaggSlotOpStatus = 2
+	XdpaggSlotOpStatusOPS_COMPLETE XdpaggSlotOpStatus = 3
+)
 
 type XdpaggSlotState uint32
 
@@ -448,6 +482,10 @@ const (
 	XdpaggVarUnusedMsgType        = "unused_msg_type"
 	XdpaggVarUnusedRegRead        = "unused_reg_read"
 	XdpaggVarUnusedResultRec      = "unused_result_rec"
+	XdpaggVarUnusedSethBody       = "unused_seth_body"
+	XdpaggVarUnusedSlotOp         = "unused_slot_op"
+	XdpaggVarUnusedSlotOpKind     = "unused_slot_op_kind"
+	XdpaggVarUnusedSlotOpStatus   = "unused_slot_op_status"
 	XdpaggVarUnusedSlotState      = "unused_slot_state"
 	XdpaggVarUnusedSparseHdr      = "unused_sparse_hdr"
 	XdpaggVarUnusedSparseState    = "unused_sparse_state"
@@ -554,6 +592,10 @@ type XdpaggVariableSpecs struct {
 	UnusedMsgType        *ebpf.VariableSpec `ebpf:"unused_msg_type"`
 	UnusedRegRead        *ebpf.VariableSpec `ebpf:"unused_reg_read"`
 	UnusedResultRec      *ebpf.VariableSpec `ebpf:"unused_result_rec"`
+	UnusedSethBody       *ebpf.VariableSpec `ebpf:"unused_seth_body"`
+	UnusedSlotOp         *ebpf.VariableSpec `ebpf:"unused_slot_op"`
+	UnusedSlotOpKind     *ebpf.VariableSpec `ebpf:"unused_slot_op_kind"`
+	UnusedSlotOpStatus   *ebpf.VariableSpec `ebpf:"unused_slot_op_status"`
 	UnusedSlotState      *ebpf.VariableSpec `ebpf:"unused_slot_state"`
 	UnusedSparseHdr      *ebpf.VariableSpec `ebpf:"unused_sparse_hdr"`
 	UnusedSparseState    *ebpf.VariableSpec `ebpf:"unused_sparse_state"`
@@ -648,6 +690,10 @@ type XdpaggVariables struct {
 	UnusedMsgType        *ebpf.Variable `ebpf:"unused_msg_type"`
 	UnusedRegRead        *ebpf.Variable `ebpf:"unused_reg_read"`
 	UnusedResultRec      *ebpf.Variable `ebpf:"unused_result_rec"`
+	UnusedSethBody       *ebpf.Variable `ebpf:"unused_seth_body"`
+	UnusedSlotOp         *ebpf.Variable `ebpf:"unused_slot_op"`
+	UnusedSlotOpKind     *ebpf.Variable `ebpf:"unused_slot_op_kind"`
+	UnusedSlotOpStatus   *ebpf.Variable `ebpf:"unused_slot_op_status"`
 	UnusedSlotState      *ebpf.Variable `ebpf:"unused_slot_state"`
 	UnusedSparseHdr      *ebpf.Variable `ebpf:"unused_sparse_hdr"`
 	UnusedSparseState    *ebpf.Variable `ebpf:"unused_sparse_state"`

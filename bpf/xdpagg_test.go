@@ -181,10 +181,10 @@ func TestSwitchMalformed(t *testing.T) {
 		{"ENC_SPARSE_KV data", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV })},
 		{"ENC_SPARSE_KV data with F_RESEND", hdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV; h.Flags = fResend })},
 		{"ENC_SPARSE_KV result", resultFrame(1, 1, 0, 2, 5, 6).with(setHdr(func(h *bpf.XdpaggHdr) { h.Encoding = encSparseKV }))},
-		{"type 11 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 11 })},
-		{"type 11 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 11 })},
-		{"type 11 without values", base.with(func(f *frame) { f.Hdr.Type = 11; f.Hdr.Count = 0; f.Vals = nil })},
-		{"type 11 without values", base.with(func(f *frame) { f.Hdr.Type = 11; f.Hdr.Count = 0; f.Vals = nil })},
+		{"type 200 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 200 })},
+		{"type 200 (unknown)", hdr(func(h *bpf.XdpaggHdr) { h.Type = 200 })},
+		{"type 200 without values", base.with(func(f *frame) { f.Hdr.Type = 200; f.Hdr.Count = 0; f.Vals = nil })},
+		{"type 200 without values", base.with(func(f *frame) { f.Hdr.Type = 200; f.Hdr.Count = 0; f.Vals = nil })},
 		// Bytes after the IPv4 total length: an xdpagg frame is longer than Ethernet's minimum,
 		// so it never carries link padding.
 		{"1 trailing byte", base.with(func(f *frame) { f.Pad = 1 })},
@@ -230,7 +230,7 @@ func expectDropped(t *testing.T, s *sw, cases []namedFrame, verdict maps.Counter
 // untouched (every type from JOIN to HALT but the sparse read-out).
 func TestSwitchControl(t *testing.T) {
 	s := load(t, 0)
-	for typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN); typ <= uint8(bpf.XdpaggMsgTypeMSG_HALT); typ++ {
+	for typ := uint8(bpf.XdpaggMsgTypeMSG_JOIN); typ <= uint8(bpf.XdpaggMsgTypeMSG_FBCAST); typ++ {
 		if typ == uint8(bpf.XdpaggMsgTypeMSG_PULL) {
 			continue // a sparse read-out, not a control message
 		}
@@ -289,6 +289,7 @@ func TestPass(t *testing.T) {
 type step struct {
 	name    string
 	before  func()
+	setup   func(t *testing.T) // like before, for what may fail
 	in      frame
 	verdict uint32
 	want    *frame // expected output frame, byte for byte
@@ -309,30 +310,36 @@ type scenario struct {
 
 func runScenarios(t *testing.T, scenarios []scenario) {
 	for _, sc := range scenarios {
-		t.Run(sc.name, func(t *testing.T) {
-			s := load(t, sc.timeout)
-			for i, st := range sc.steps {
-				ok := t.Run(st.name, func(t *testing.T) {
-					if st.before != nil {
-						st.before()
-					}
-					out := s.runExpect(t, st.in, st.verdict)
-					if st.want != nil {
-						expectFrame(t, out, *st.want)
-					}
-					s.expectDelta(t, st.delta)
-					if st.slot != nil {
-						expectSlot(t, s.slot(t, st.idx), *st.slot, st.vals)
-					}
-					if st.check != nil {
-						st.check(t, s, out)
-					}
-				})
-				if !ok {
-					t.Fatalf("step %d (%s) failed; later steps depend on it", i, st.name)
-				}
+		t.Run(sc.name, func(t *testing.T) { runSteps(t, load(t, sc.timeout), sc.steps) })
+	}
+}
+
+// runSteps runs steps on s in order, each a subtest; a failed step ends the run.
+func runSteps(t *testing.T, s *sw, steps []step) {
+	t.Helper()
+	for i, st := range steps {
+		ok := t.Run(st.name, func(t *testing.T) {
+			if st.before != nil {
+				st.before()
+			}
+			if st.setup != nil {
+				st.setup(t)
+			}
+			out := s.runExpect(t, st.in, st.verdict)
+			if st.want != nil {
+				expectFrame(t, out, *st.want)
+			}
+			s.expectDelta(t, st.delta)
+			if st.slot != nil {
+				expectSlot(t, s.slot(t, st.idx), *st.slot, st.vals)
+			}
+			if st.check != nil {
+				st.check(t, s, out)
 			}
 		})
+		if !ok {
+			t.Fatalf("step %d (%s) failed; later steps depend on it", i, st.name)
+		}
 	}
 }
 

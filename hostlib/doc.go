@@ -1,7 +1,8 @@
 // Package hostlib is the host side of xdpagg: the Worker that all-reduces float32 tensors through
-// the XDP switch, the parameter server (PS) that sums whatever the switch cannot (or, Direct,
-// everything, with no switch), the fixed-point codec both share with the switch, and
-// Ring, a switchless ring all-reduce over the same wire header.
+// the XDP switch, Async, which trains asynchronously on a Worker (iSwitch), the parameter server
+// (PS) that sums whatever the switch cannot (or, Direct, everything, with no switch), the
+// fixed-point codec both share with the switch, and Ring, a switchless ring all-reduce over the
+// same wire header.
 //
 // The wire format is defined once, in bpf/xdpagg.h; this package reads and writes it through
 // package wire (wire.Header, whose layout is pinned to bpf2go's bpf.XdpaggHdr, the codec and
@@ -43,6 +44,11 @@ var (
 	// ErrHalted: a member of the job asked the switch to halt it (iSwitch's Halt), and the
 	// switch's agent said so; AllReduce fails until Worker.Resume.
 	ErrHalted = errors.New("job halted")
+	// ErrAsync: a misuse of Async (a bad configuration, a gradient of the wrong size).
+	ErrAsync = errors.New("asynchronous training")
+	// ErrThreshold: an aggregation threshold outside 1..the job's workers, or for a job the PS
+	// does not serve (PS.SetThreshold).
+	ErrThreshold = errors.New("bad aggregation threshold")
 )
 
 // errTruncated reports a datagram larger than any xdpagg packet; made once, like wire's errors.

@@ -78,15 +78,49 @@ func (w *Worker) handleHalt(b []byte, h *wire.Header, from *unix.RawSockaddrInet
 	}
 }
 
+// SetThreshold asks the switch's agent to set this worker's job's aggregation threshold H
+// (iSwitch's SetH, MSG_SETH): from then on a fragment completes at the switch once h of the job's
+// workers contributed (1..NumWorkers; NumWorkers is synchronous). Only a joined worker may, from
+// its binding; authenticated like Join. The PS keeps its own threshold (PS.SetThreshold).
+func (w *Worker) SetThreshold(ctx context.Context, sw netip.AddrPort, h uint8) error {
+	if h < 1 || h > w.cfg.NumWorkers {
+		return fmt.Errorf("%w: threshold %d: use 1..%d (NumWorkers)", ErrConfig, h, w.cfg.NumWorkers)
+	}
+	return w.controlWith(ctx, wire.MsgSetH, sw, nil, ctlExtra{body: binary.LittleEndian.AppendUint32(nil, uint32(h))})
+}
+
+// FBcast asks the switch's agent to force the partial aggregate of fragment seq (the job's
+// sequence number; its slot is this worker's rotation's) out now (iSwitch's FBcast,
+// MSG_FBCAST): if the switch holds the fragment half-filled, it completes it with the
+// contributions it has, and every member of the job gets the sum as a RESULT whose bitmap names
+// them. Only a joined worker may, from its binding. A fragment the switch does not hold (complete
+// and broadcast already, not started, or handed to the PS) flushes nothing; the call succeeds
+// once the agent acknowledges it either way.
+func (w *Worker) FBcast(ctx context.Context, sw netip.AddrPort, seq uint64) error {
+	w.mu.Lock()
+	idx := w.aggIndex(seq)
+	w.mu.Unlock()
+	return w.controlWith(ctx, wire.MsgFBcast, sw, nil, ctlExtra{seq: uint32(seq), fragment: true, aggIndex: idx})
+}
+
 // Leave removes this worker from the switch's members of its job, authenticated like Join.
 func (w *Worker) Leave(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
 	return w.control(ctx, wire.MsgLeave, sw, mac)
 }
 
+// ctlExtra is what a SETH or FBCAST adds to a control request: a body, and the fragment the
+// header names (its seq, which the ACK echoes, instead of a nonce, and its slot).
+type ctlExtra struct {
+	body     []byte
+	fragment bool
+	seq      uint32
+	aggIndex uint32
+}
+
 // controlRequest checks a worker's control message to the switch agent sw and encodes it,
 // trailer not yet added: the header (with a fresh nonce as seq) and, for JOIN and LEAVE, the body
-// naming mac. It returns the message, its nonce and sw unmapped to IPv4.
-func controlRequest(typ uint8, job uint32, worker, fan uint8, key []byte, sw netip.AddrPort, mac net.HardwareAddr) ([]byte, uint32, netip.AddrPort, error) {
+// naming mac, or x's. It returns the message, its nonce and sw unmapped to IPv4.
+func controlRequest(typ uint8, job uint32, worker, fan uint8, key []byte, sw netip.AddrPort, mac net.HardwareAddr, x ctlExtra) ([]byte, uint32, netip.AddrPort, error) {
 	withBody := typ == wire.MsgJoin || typ == wire.MsgLeave // RESET and HALT have none
 	if len(key) != ctlauth.KeySize {
 		return nil, 0, sw, fmt.Errorf("%w: JobKey has %d bytes: control messages need the job's %d-byte key (`xdpagg job add` prints it)",
@@ -101,8 +135,12 @@ func controlRequest(typ uint8, job uint32, worker, fan uint8, key []byte, sw net
 	}
 	nonce := uint32(time.Now().UnixNano())
 	h := wire.Header{Version: wire.Version, Type: typ, JobId: job, Seq: nonce, FanIn0: fan, WorkerId: worker, Bitmap0: 1 << worker}
+	if x.fragment {
+		nonce, h.Seq, h.AggIndex = x.seq, x.seq, x.aggIndex
+	}
 	msg := make([]byte, wire.HdrSize, wire.HdrSize+12+ctlauth.TrailerSize)
 	wire.EncodeHeader(msg, &h)
+	msg = append(msg, x.body...)
 	if withBody {
 		var body bpf.XdpaggJoinBody // result_ip 0: the switch uses the job's admitted PS
 		copy(body.Mac[:], mac)
@@ -115,7 +153,11 @@ func controlRequest(typ uint8, job uint32, worker, fan uint8, key []byte, sw net
 }
 
 func (w *Worker) control(ctx context.Context, typ uint8, sw netip.AddrPort, mac net.HardwareAddr) error {
-	msg, nonce, sw, err := controlRequest(typ, w.cfg.JobID, w.cfg.WorkerID, w.cfg.NumWorkers, w.cfg.JobKey, sw, mac)
+	return w.controlWith(ctx, typ, sw, mac, ctlExtra{})
+}
+
+func (w *Worker) controlWith(ctx context.Context, typ uint8, sw netip.AddrPort, mac net.HardwareAddr, x ctlExtra) error {
+	msg, nonce, sw, err := controlRequest(typ, w.cfg.JobID, w.cfg.WorkerID, w.cfg.NumWorkers, w.cfg.JobKey, sw, mac, x)
 	if err != nil {
 		return err
 	}

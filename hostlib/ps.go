@@ -99,6 +99,12 @@ type PSJob struct {
 	// the worker sends from; port 0 accepts any port from that address (a worker bound to an
 	// ephemeral port; weaker: any process on that host may then contribute).
 	Workers []netip.AddrPort
+	// Threshold is the job's H (asynchronous aggregation, as admitted at the switch: `xdpagg
+	// job add --threshold`): a level-0 fragment completes once H distinct workers contributed,
+	// 1..len(Workers); 0 is len(Workers). Contributions reaching a completed fragment are
+	// answered with its result (F_SHADOW), the sum without them, as at the switch. A SETH at
+	// the switch does not reach the PS: change it here too (PS.SetThreshold).
+	Threshold uint8
 }
 
 // WithDefaults returns c with zero fields set to their defaults and addresses unmapped to IPv4.
@@ -131,7 +137,7 @@ func (c PSConfig) WithDefaults() PSConfig {
 	if c.Jobs != nil {
 		jobs := make([]PSJob, len(c.Jobs))
 		for j, pj := range c.Jobs {
-			jobs[j] = PSJob{ID: pj.ID, Workers: make([]netip.AddrPort, len(pj.Workers))}
+			jobs[j] = PSJob{ID: pj.ID, Workers: make([]netip.AddrPort, len(pj.Workers)), Threshold: pj.Threshold}
 			for i, a := range pj.Workers {
 				jobs[j].Workers[i] = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 			}
@@ -274,8 +280,20 @@ type psAccount struct {
 
 // psAdmitted is a job of PSConfig.Jobs.
 type psAdmitted struct {
-	acct    *psAccount
-	members []psMember // by worker id
+	acct      *psAccount
+	members   []psMember    // by worker id
+	threshold atomic.Uint32 // H (0: the fan-in); PSJob.Threshold, PS.SetThreshold
+}
+
+// SetThreshold changes job's H (see PSJob.Threshold) while the PS runs: fragments completing from
+// then on complete at it. Keep it equal to the switch's (MSG_SETH, Worker.SetThreshold).
+func (p *PS) SetThreshold(job uint32, h uint8) error {
+	a := p.jobs[job]
+	if a == nil || int(h) > len(a.members) {
+		return fmt.Errorf("%w: %d for job %d", ErrThreshold, h, job)
+	}
+	a.threshold.Store(uint32(h))
+	return nil
 }
 
 // psMember is where a worker may send from: address, and port unless anyPort.
@@ -373,6 +391,7 @@ func NewPS(cfg PSConfig) (*PS, error) {
 		share := int64(cfg.MaxEntries / len(cfg.Jobs))
 		for j, pj := range cfg.Jobs {
 			a := &psAdmitted{acct: &psAccount{idx: j, share: share}}
+			a.threshold.Store(uint32(pj.Threshold))
 			for _, w := range pj.Workers {
 				sa := sockaddr4(w)
 				a.members = append(a.members, psMember{addr: sa.Addr, port: sa.Port, anyPort: w.Port() == 0})
@@ -599,6 +618,7 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 	bm, fan := h.LevelBits()
 	level1 := h.Flags&wire.FlagLevel1 != 0
 	acct := p.open
+	need := int(fan)
 	if p.jobs != nil {
 		job := p.jobs[h.JobId]
 		if job == nil {
@@ -618,6 +638,9 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 			return
 		}
 		acct = job.acct
+		if th := int(job.threshold.Load()); !level1 && th > 0 && th < need {
+			need = th // asynchronous: H distinct contributions complete it, as at the switch
+		}
 	} else if unsupported {
 		st.unsupported.Add(1)
 		return
@@ -653,10 +676,11 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 		j.used = now
 	}
 
-	if e.bitmap&bm != 0 {
-		// Already summed (a retransmission, or a partial sum overlapping one we have): it adds
-		// nothing. If the sum is complete the sender evidently missed it: answer it alone,
-		// straight to its address, like the switch's shadow copy.
+	if e.bitmap&bm != 0 || e.complete {
+		// Already summed (a retransmission, or a partial sum overlapping one we have), or late
+		// for a sum completed at the threshold H: it adds nothing. If the sum is complete the
+		// sender evidently missed it: answer it alone, straight to its address, like the
+		// switch's shadow copy.
 		st.duplicates.Add(1)
 		if e.complete {
 			p.resend(s, e, s.bc.rfrom(i))
@@ -678,7 +702,7 @@ func (p *PS) handle(s *psSock, i int, now int64) {
 	e.flags |= h.Flags & (wire.FlagECN | wire.FlagOverflow | wire.FlagCollision)
 	e.touched = now
 	st.aggregated.Add(1)
-	if bits.OnesCount32(e.bitmap) == int(fan) {
+	if bits.OnesCount32(e.bitmap) >= need {
 		p.complete(s, t, e, now)
 	}
 }

@@ -323,3 +323,41 @@ func TestPSServeLifecycle(t *testing.T) {
 		t.Fatalf("Serve on a closed PS: %v, want ErrClosed", err)
 	}
 }
+
+// The PS completes a job's fragments at its threshold H, as the switch does: H distinct workers,
+// the sum of exactly them (bitmap), and a late contribution gets that result back alone
+// (F_SHADOW) without being added. SetThreshold changes H while the PS runs.
+func TestPSThreshold(t *testing.T) {
+	b := newPSBench(t, func(c *PSConfig) { c.Jobs[0].Threshold = 2 }, benchJob{5, 4})
+	w := func(seq uint32, id uint8, vs ...int32) []byte {
+		return dataPkt{job: 5, seq: seq, enc: wire.EncFixed32, fan: 4, scale: 24, worker: id, vals: i32s(vs...)}.bytes()
+	}
+	b.send(t, w(1, 3, 1, 2), w(1, 1, 10, 20))
+	h, vals := recvResult(t, b.sw)
+	if h.Bitmap0 != 0b1010 || h.Seq != 1 || vals[0] != 11 || vals[1] != 22 {
+		t.Fatalf("H=2 result %+v %v, want bitmap 0b1010 [11 22]", h, vals)
+	}
+	b.send(t, w(1, 0, 100, 200)) // the slow worker
+	h, vals = recvResult(t, b.worker)
+	if h.Flags&wire.FlagShadow == 0 || h.Bitmap0 != 0b1010 || vals[0] != 11 || vals[1] != 22 {
+		t.Fatalf("late contribution's answer %+v %v, want the H=2 result with F_SHADOW", h, vals)
+	}
+	if err := b.ps.SetThreshold(5, 5); !errors.Is(err, ErrThreshold) {
+		t.Fatalf("SetThreshold(5) of 4 workers: %v", err)
+	}
+	if err := b.ps.SetThreshold(6, 1); !errors.Is(err, ErrThreshold) {
+		t.Fatalf("SetThreshold of a job the PS does not serve: %v", err)
+	}
+	if err := b.ps.SetThreshold(5, 0); err != nil { // back to synchronous
+		t.Fatal(err)
+	}
+	b.send(t, w(2, 0, 1), w(2, 1, 2), w(2, 2, 4))
+	b.send(t, w(2, 3, 8))
+	h, vals = recvResult(t, b.sw)
+	if h.Bitmap0 != 0b1111 || vals[0] != 15 {
+		t.Fatalf("H=0 result %+v %v, want every worker [15]", h, vals)
+	}
+	if s := b.ps.Stats(); s.Completed != 2 || s.Duplicates != 1 || s.ResultsResent != 1 || s.Aggregated != 6 {
+		t.Fatalf("stats %+v", s)
+	}
+}

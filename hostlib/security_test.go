@@ -167,7 +167,7 @@ func (a *fakeAgent) run() {
 		a.bodies = append(a.bodies, slices.Clone(msg[wire.HdrSize:]))
 		a.mu.Unlock()
 		if h.Type != wire.MsgJoin && h.Type != wire.MsgLeave &&
-			h.Type != wire.MsgRetransmit {
+			h.Type != wire.MsgRetransmit && h.Type != wire.MsgSetH && h.Type != wire.MsgFBcast {
 			continue
 		}
 		out := a.answer(h)
@@ -702,5 +702,38 @@ func TestPSJobShares(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// SetThreshold and FBcast send authenticated SETH (body: H, little-endian) and FBCAST (header
+// only, naming the fragment's seq and slot) and complete on the agent's ACK of them; an H outside
+// 1..NumWorkers fails at once, sending nothing.
+func TestSetThresholdAndFBcastMessages(t *testing.T) {
+	key := testKey(t)
+	var stamps ctlauth.Stamper
+	agent := newFakeAgent(t, key, nil, func(h wire.Header) []byte { return ackOf(t, key, h, h.Seq, h.WorkerId, stamps.Next()) })
+	w := newKeyedWorker(t, WorkerConfig{JobID: 9, NumWorkers: 4, WorkerID: 2, JobKey: key, PoolSize: 64, Window: 8})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a hang guard only
+	defer cancel()
+	for _, bad := range []uint8{0, 5} {
+		if err := w.SetThreshold(ctx, agent.addr(), bad); !errors.Is(err, ErrConfig) {
+			t.Errorf("SetThreshold(%d): %v, want ErrConfig", bad, err)
+		}
+	}
+	if err := w.SetThreshold(ctx, agent.addr(), 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.FBcast(ctx, agent.addr(), 21); err != nil {
+		t.Fatal(err)
+	}
+	msgs, _, bodies, unauth := agent.received()
+	if len(msgs) != 2 || unauth != 0 {
+		t.Fatalf("agent got %d authentic messages (%d not): %+v", len(msgs), unauth, msgs)
+	}
+	if h := msgs[0]; h.Type != wire.MsgSetH || h.JobId != 9 || h.WorkerId != 2 || len(bodies[0]) != 4 || binary.LittleEndian.Uint32(bodies[0]) != 3 {
+		t.Errorf("SETH %+v body %x", h, bodies[0])
+	}
+	if h := msgs[1]; h.Type != wire.MsgFBcast || h.Seq != 21 || h.AggIndex != AggIndex(9, 21, 8, 64) || h.WorkerId != 2 || len(bodies[1]) != 0 {
+		t.Errorf("FBCAST %+v body %x, want seq 21 slot %d", h, bodies[1], AggIndex(9, 21, 8, 64))
 	}
 }

@@ -190,7 +190,7 @@ func (w *SparseWorker) SetHot(h *sparse.HotSet) { w.cfg.Hot = h }
 // Join registers this worker with the switch's agent (as Worker.Join does), so the switch
 // forwards the PS's updates to it. Synchronous: Step must not run meanwhile.
 func (w *SparseWorker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
-	msg, nonce, sw, err := controlRequest(wire.MsgJoin, w.cfg.JobID, w.cfg.WorkerID, w.cfg.NumWorkers, w.cfg.JobKey, sw, mac)
+	msg, nonce, sw, err := controlRequest(wire.MsgJoin, w.cfg.JobID, w.cfg.WorkerID, w.cfg.NumWorkers, w.cfg.JobKey, sw, mac, ctlExtra{})
 	if err != nil {
 		return err
 	}

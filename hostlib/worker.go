@@ -159,8 +159,9 @@ const FastLossResults = 3
 
 // WorkerStats are a worker's cumulative counters. Every datagram the worker receives counts in
 // exactly one of ResultsReceived, DuplicateResults, OverflowRepairs, Malformed, Foreign,
-// Unauthenticated, Replayed and ControlAcks; ShadowResults, ResultsFromPS, Collisions and
-// CacheResults break ResultsReceived down, CacheMisses ControlAcks.
+// Unauthenticated, Replayed and ControlAcks, or, while it is kept for a fragment not sent yet
+// (Async), in EarlyResults; ShadowResults, ResultsFromPS, Collisions and CacheResults break
+// ResultsReceived down, CacheMisses ControlAcks.
 type WorkerStats struct {
 	DataSent         uint64        // DATA packets sent, retransmissions and float repairs included
 	Retransmits      uint64        // DATA packets resent (F_RESEND) after a timeout or a fast loss detection
@@ -175,6 +176,7 @@ type WorkerStats struct {
 	CongestionWindow float64       // fragments the worker may have in flight now (AIMD), at most Window
 	MinWindow        float64       // the smallest congestion window so far
 	ResultsReceived  uint64        // results that completed a fragment
+	EarlyResults     uint64        // results held now for fragments not sent yet (Async; not cumulative)
 	DuplicateResults uint64        // results for fragments already complete or not in the running AllReduce
 	ShadowResults    uint64        // of ResultsReceived: unicast re-sends (F_SHADOW) of a completed sum
 	ResultsFromPS    uint64        // of ResultsReceived: summed by the PS (no F_FROM_SWITCH)
@@ -198,7 +200,7 @@ type WorkerStats struct {
 type workerCounters struct {
 	cacheReqs, cacheResults, cacheMisses, cacheLatNs, cacheLatN                                                         atomic.Uint64
 	ecnResults, windowCuts, cwndMilli, minCwndMilli                                                                     atomic.Uint64
-	rehashes                                                                                                            atomic.Uint64
+	rehashes, early                                                                                                     atomic.Uint64
 	foreign, unauth, replayed, ctlAcks                                                                                  atomic.Uint64
 	dataSent, retransmits, fastResends, results, duplicates, shadow, fromPS, collisions, repairs, malformed, sendErrors atomic.Uint64
 }
@@ -250,6 +252,13 @@ type Worker struct {
 	cutSeq  uint32
 	cutDone bool
 
+	// early holds results of fragments this worker has not sent yet (asynchronous aggregation:
+	// a round completed at the threshold H without it), by seq, from earlyLow on; nil unless an
+	// Async runs the worker. Guarded by mu. earlyKick tells the Async that one arrived.
+	early     map[uint32][]byte
+	earlyLow  uint64
+	earlyKick chan struct{}
+
 	remap map[uint32]slotRemap // slot offset (seq % 2W) -> ATP rehash from the PS; guarded by mu
 	srtt  int64                // smoothed result round trip (ns), for fast loss detection; guarded by mu
 
@@ -276,6 +285,10 @@ type operation struct {
 	low     int // lowest fragment without its result
 	next    int // next fragment to send for the first time
 	ring    []fragment
+	// Asynchronous rounds (Async): listen only, sending no data (the worker has no gradient for
+	// the round), and the contributor bitmap of each fragment's result.
+	listen  bool
+	bitmaps []uint32
 }
 
 type fragState uint8
@@ -362,7 +375,7 @@ func (w *Worker) Stats() WorkerStats {
 		ECNResults:   s.ecnResults.Load(), WindowCuts: s.windowCuts.Load(),
 		Rehashes:         s.rehashes.Load(),
 		CongestionWindow: float64(s.cwndMilli.Load()) / 1000, MinWindow: float64(s.minCwndMilli.Load()) / 1000,
-		ResultsReceived: s.results.Load(), DuplicateResults: s.duplicates.Load(),
+		ResultsReceived: s.results.Load(), EarlyResults: s.early.Load(), DuplicateResults: s.duplicates.Load(),
 		ShadowResults: s.shadow.Load(), ResultsFromPS: s.fromPS.Load(), Collisions: s.collisions.Load(),
 		OverflowRepairs: s.repairs.Load(), Malformed: s.malformed.Load(), SendErrors: s.sendErrors.Load(),
 		GSOMessages: w.bc.gsoMsgs.Load(),
@@ -403,6 +416,13 @@ func (w *Worker) Close() error {
 // past this call anyway, so the workers stay in step only if they all fail it; recovering a job
 // is the caller's business (a new job id is simplest).
 func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
+	return w.allReduce(ctx, data, false, nil)
+}
+
+// allReduce is AllReduce; with listen it sends no data and only takes the results of its
+// fragments (a round of an Async that has no gradient for it), and bitmaps, if not nil, gets
+// each fragment's contributors.
+func (w *Worker) allReduce(ctx context.Context, data []float32, listen bool, bitmaps []uint32) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -437,6 +457,10 @@ func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 	w.mu.Lock()
 	w.op.active, w.op.data, w.op.seqBase = true, data, base
 	w.op.nfrags, w.op.low, w.op.next = nfrags, 0, 0
+	w.op.listen, w.op.bitmaps = listen, bitmaps
+	if w.early != nil {
+		w.dropEarly(base)
+	}
 	w.ackedTo = 0
 	clear(w.cacheAt)
 	w.mu.Unlock()
@@ -446,7 +470,8 @@ func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 		}
 		// After this, the receive goroutine no longer touches data.
 		w.mu.Lock()
-		w.op.active, w.op.data = false, nil
+		w.op.active, w.op.data, w.op.bitmaps = false, nil, nil
+		w.earlyLow = base + uint64(nfrags)
 		w.mu.Unlock()
 		w.timer.Stop()
 	}()
@@ -512,6 +537,11 @@ func (w *Worker) step() (wait int64, err error) {
 		switch {
 		case f.state == fragDone:
 			continue
+		case f.repairQueued && op.listen:
+			// Not a contributor: the contributors' float32 repair completes it at the PS.
+			f.repairQueued = false
+			f.retries = 0
+			f.deadline = now + int64(w.cfg.Timeout)
 		case f.repairQueued:
 			f.repairQueued = false
 			w.encode(f, wire.EncFloat32, wire.FlagOverflow)
@@ -561,6 +591,13 @@ func (w *Worker) step() (wait int64, err error) {
 				continue
 			}
 			f.retries++
+			if op.listen {
+				// No data to resend: ask the retransmit cache again at the next deadline.
+				f.askedCache = false
+				f.deadline = now + int64(w.cfg.Timeout)<<min(f.retries, maxBackoffShift)
+				earliest = min(earliest, f.deadline)
+				continue
+			}
 			f.sentAt = now
 			flags := binary.LittleEndian.Uint16(f.pkt[wire.OffFlags:])
 			binary.LittleEndian.PutUint16(f.pkt[wire.OffFlags:], flags|wire.FlagResend)
@@ -578,6 +615,17 @@ func (w *Worker) step() (wait int64, err error) {
 	for op.next < op.nfrags && op.next < op.low+limit {
 		f := &op.ring[op.next%win]
 		f.idx, f.state, f.repairQueued, f.retries, f.later, f.askedCache = op.next, fragFixed, false, 0, 0, false
+		if w.early != nil && w.takeEarly(op, now) {
+			earliest = now // its result came before it was sent: nothing to send; step again
+			continue
+		}
+		if op.listen {
+			f.sentAt = now
+			f.deadline = now + int64(w.cfg.Timeout)
+			earliest = min(earliest, f.deadline)
+			op.next++
+			continue
+		}
 		w.encode(f, wire.EncFixed32, 0)
 		f.sentAt = now
 		f.deadline = now + int64(w.cfg.Timeout)
@@ -758,9 +806,19 @@ func (w *Worker) handleResult(i int) {
 	op := &w.op
 	off := int64(h.Seq - uint32(op.seqBase)) // serial arithmetic: the op's fragments are 0..nfrags-1
 	if !op.active || off < int64(op.low) || off >= int64(op.next) {
+		if w.early != nil && w.keepEarly(&h, b) {
+			return
+		}
 		w.st.duplicates.Add(1)
 		return
 	}
+	w.applyResult(off, &h, vals)
+}
+
+// applyResult takes the result h (values vals) of the running operation's fragment off, sent and
+// without its result yet. Called with mu held.
+func (w *Worker) applyResult(off int64, h *wire.Header, vals []byte) {
+	op := &w.op
 	f := &op.ring[int(off)%len(op.ring)]
 	if f.idx != int(off) || f.state == fragDone {
 		w.st.duplicates.Add(1)
@@ -802,6 +860,9 @@ func (w *Worker) handleResult(i int) {
 		}
 	}
 	f.state, f.repairQueued = fragDone, false
+	if op.bitmaps != nil {
+		op.bitmaps[off], _ = h.LevelBits()
+	}
 	w.st.results.Add(1)
 	if !w.cfg.NoCongestionControl {
 		w.adjustWindow(h.Flags&wire.FlagECN != 0, h.Seq)

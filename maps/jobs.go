@@ -51,6 +51,10 @@ type Job struct {
 	// each parity; 0 for a dense job. AddJob picks RegBase, the first of them.
 	RegArrays uint16 `json:"reg_arrays,omitempty"`
 	RegBase   uint16 `json:"reg_base,omitempty"`
+	// Threshold is H, asynchronous aggregation (iSwitch): a dense fragment completes once H
+	// distinct workers contributed to it (1..Workers); 0 means Workers, synchronous. Changed
+	// at run time by SetThreshold (MSG_SETH). Sparse jobs take none.
+	Threshold uint8 `json:"threshold,omitempty"`
 }
 
 func (j Job) encode() (bpf.XdpaggJob, error) {
@@ -68,6 +72,10 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 		return v, fmt.Errorf("%w: slot quota 0", ErrBadJob)
 	case uint32(j.RegArrays) > bpf.JobMaxArrays:
 		return v, fmt.Errorf("%w: %d register arrays: use at most %d", ErrBadJob, j.RegArrays, bpf.JobMaxArrays)
+	case j.Threshold > j.Workers:
+		return v, fmt.Errorf("%w: threshold %d above the job's %d workers", ErrBadJob, j.Threshold, j.Workers)
+	case j.Threshold != 0 && j.RegArrays > 0:
+		return v, fmt.Errorf("%w: a sparse job takes no threshold", ErrBadJob)
 	}
 	v.PsIp = wire.IPv4ToMap(j.PS.Addr())
 	v.PsPort = wire.PortToMap(j.PS.Port())
@@ -76,12 +84,13 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 	v.MaxSlots = j.MaxSlots
 	v.RegBase = j.RegBase
 	v.RegArrays = j.RegArrays
+	v.Threshold = j.Threshold
 	return v, nil
 }
 
 func decodeJob(id uint32, v bpf.XdpaggJob) Job {
 	return Job{JobID: id, PS: netip.AddrPortFrom(wire.IPv4FromMap(v.PsIp), wire.PortFromMap(v.PsPort)), PSIfindex: v.PsIfindex,
-		Workers: v.FanIn, MaxSlots: v.MaxSlots, Held: v.Held, RegArrays: v.RegArrays, RegBase: v.RegBase}
+		Workers: v.FanIn, MaxSlots: v.MaxSlots, Held: v.Held, RegArrays: v.RegArrays, RegBase: v.RegBase, Threshold: v.Threshold}
 }
 
 // AddJob admits a job with its control key (KeySize bytes). It fails with ErrJobExists if the id
@@ -432,23 +441,86 @@ func (m *Maps) DatapathNow() (uint64, error) {
 }
 
 func (m *Maps) runGC(args bpf.XdpaggGcArgs) (bpf.XdpaggGcArgs, error) {
-	var res bpf.XdpaggGcArgs
+	return runInKernel(m.GC, "garbage collector", args)
+}
+
+// runInKernel runs xdpagg_gc (prog) on args as its packet, which the program answers in place:
+// a struct gc_args is a collection, a struct slot_op a slot operation (told apart by size).
+func runInKernel[T any](prog *ebpf.Program, what string, args T) (T, error) {
+	var res T
+	if prog == nil {
+		return res, fmt.Errorf("no garbage collector program")
+	}
 	in, err := binary.Append(nil, binary.LittleEndian, &args)
 	if err != nil {
-		return res, fmt.Errorf("encode garbage collector arguments: %w", err)
+		return res, fmt.Errorf("encode %s arguments: %w", what, err)
 	}
 	out := make([]byte, len(in))
-	ret, err := m.GC.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+	ret, err := prog.Run(&ebpf.RunOptions{Data: in, DataOut: out})
 	if err != nil {
-		return res, fmt.Errorf("run garbage collector: %w", err)
+		return res, fmt.Errorf("run %s: %w", what, err)
 	}
 	if ret != 2 { // XDP_PASS
-		return res, fmt.Errorf("garbage collector returned %d", ret)
+		return res, fmt.Errorf("%s returned %d", what, ret)
 	}
 	if _, err := binary.Decode(out, binary.LittleEndian, &res); err != nil {
-		return res, fmt.Errorf("decode garbage collector answer: %w", err)
+		return res, fmt.Errorf("decode %s answer: %w", what, err)
 	}
 	return res, nil
+}
+
+// ErrNoSlot: FlushSlot found no aggregation of the fragment in its slot.
+var ErrNoSlot = errors.New("slot holds no aggregation of the fragment")
+
+// SetThreshold changes job's aggregation threshold H at run time (MSG_SETH): 1..its workers, or 0
+// for its worker count (synchronous). Fragments completing from then on complete at the new H;
+// a slot that already holds H or more completes with its next contribution. The byte is written
+// in place by xdpagg_gc (OP_SET_H), not by a map update, which would replace the entry and lose
+// the datapath's concurrent changes to its held-slot count. The error wraps ErrNoJob or ErrBadJob.
+func (m *Maps) SetThreshold(job uint32, h uint8) error {
+	j, err := m.Admission(job)
+	if err != nil {
+		return err
+	}
+	switch {
+	case h > j.Workers:
+		return fmt.Errorf("%w: threshold %d above job %d's %d workers", ErrBadJob, h, job, j.Workers)
+	case h != 0 && j.RegArrays > 0:
+		return fmt.Errorf("%w: job %d is sparse and takes no threshold", ErrBadJob, job)
+	}
+	res, err := m.runOp(bpf.XdpaggSlotOp{Op: uint32(bpf.XdpaggSlotOpKindOP_SET_H), JobId: job, Threshold: uint32(h)})
+	if err != nil {
+		return err
+	}
+	if res.Status != uint32(bpf.XdpaggSlotOpStatusOPS_SET) {
+		return fmt.Errorf("%w: job %d", ErrNoJob, job) // removed in between
+	}
+	return nil
+}
+
+// FlushSlot forces the partial aggregate of <job, seq> in slot idx out (MSG_FBCAST): in the
+// kernel, under the slot's lock, a slot aggregating the fragment becomes complete with the
+// contributions it holds, so later contributions get its shadow copy, as after completing at H.
+// It returns the sum as a RESULT (header and Count values; bitmap0 names the contributors), and
+// whether the slot was complete already. The error wraps ErrNoSlot if the slot holds no
+// aggregation of the fragment (free, another fragment's, or an index beyond the pool).
+func (m *Maps) FlushSlot(job, seq, idx uint32) (rec bpf.XdpaggResultRec, already bool, err error) {
+	res, err := m.runOp(bpf.XdpaggSlotOp{Op: uint32(bpf.XdpaggSlotOpKindOP_FLUSH), JobId: job, Seq: seq, AggIndex: idx})
+	if err != nil {
+		return rec, false, err
+	}
+	switch bpf.XdpaggSlotOpStatus(res.Status) {
+	case bpf.XdpaggSlotOpStatusOPS_FLUSHED:
+		return res.Rec, false, nil
+	case bpf.XdpaggSlotOpStatusOPS_COMPLETE:
+		return res.Rec, true, nil
+	}
+	return rec, false, fmt.Errorf("%w: job %d seq %d slot %d", ErrNoSlot, job, seq, idx)
+}
+
+// runOp runs one slot operation through xdpagg_gc.
+func (m *Maps) runOp(op bpf.XdpaggSlotOp) (bpf.XdpaggSlotOp, error) {
+	return runInKernel(m.GC, fmt.Sprintf("slot operation %d", op.Op), op)
 }
 
 // collect runs xdpagg_gc over the whole pool: idle slots for job 0, else job's slots.

@@ -33,6 +33,7 @@ type agentEnv struct {
 	tp           *topo.Topology
 	sw           *cliSwitch
 	pool         uint32
+	ps           *hostlib.PS // startPS's
 }
 
 // newAgentEnv builds n worker hosts and a PS around `xdpagg switch --pool pool extra...`.
@@ -86,6 +87,10 @@ type jobSpec struct {
 	port  uint16   // workers' UDP port (default 9600)
 	extra []string // `job add` flags
 	key   []byte   // admitted already (e.g. through the management channel) under this key
+	// threshold is the job's H (`job add --threshold`, and the PS's); timeout the workers'
+	// retransmit timeout (0: the default).
+	threshold uint8
+	timeout   time.Duration
 }
 
 type runningJob struct {
@@ -114,7 +119,7 @@ func (a *agentEnv) startPS(ctx context.Context, t *testing.T, specs ...jobSpec) 
 	ps := a.tp.PS
 	var psJobs []hostlib.PSJob
 	for _, s := range specs {
-		pj := hostlib.PSJob{ID: s.id}
+		pj := hostlib.PSJob{ID: s.id, Threshold: s.threshold}
 		for _, h := range s.hosts {
 			pj.Workers = append(pj.Workers, netip.AddrPortFrom(h.IP, s.workerPort()))
 		}
@@ -128,6 +133,7 @@ func (a *agentEnv) startPS(ctx context.Context, t *testing.T, specs ...jobSpec) 
 	}); err != nil {
 		t.Fatal(err)
 	}
+	a.ps = srv
 	go srv.Serve(ctx)
 	t.Cleanup(func() { srv.Close() })
 }
@@ -143,15 +149,19 @@ func (s jobSpec) workerPort() uint16 {
 func (a *agentEnv) startJob(ctx context.Context, t *testing.T, s jobSpec) *runningJob {
 	t.Helper()
 	psAddr := netip.AddrPortFrom(a.tp.PS.IP, loader.DefaultPort)
+	extra := s.extra
+	if s.threshold != 0 {
+		extra = append(extra, "--threshold", strconv.Itoa(int(s.threshold)))
+	}
 	j := &runningJob{id: s.id, hosts: s.hosts, port: s.workerPort(), key: s.key}
 	if j.key == nil {
-		j.key = a.admit(t, s.id, len(s.hosts), s.extra...)
+		j.key = a.admit(t, s.id, len(s.hosts), extra...)
 	}
 	for i, h := range j.hosts {
 		var wk *hostlib.Worker
 		if err := a.tp.InHost(h, func() (err error) {
 			wk, err = hostlib.NewWorker(hostlib.WorkerConfig{JobID: j.id, WorkerID: uint8(i), NumWorkers: uint8(len(j.hosts)),
-				Local: netip.AddrPortFrom(h.IP, j.port), PS: psAddr, PoolSize: a.pool, JobKey: j.key})
+				Local: netip.AddrPortFrom(h.IP, j.port), PS: psAddr, PoolSize: a.pool, JobKey: j.key, Timeout: s.timeout})
 			return err
 		}); err != nil {
 			t.Fatal(err)

@@ -71,6 +71,8 @@ const (
 	MsgHeartbeat  = uint8(8)
 	MsgPull       = uint8(9)
 	MsgHalt       = uint8(10)
+	MsgSetH       = uint8(11)
+	MsgFBcast     = uint8(12)
 )
 
 // Value encodings (enum encoding), typed as Header.Encoding.
@@ -232,11 +234,11 @@ var (
 )
 
 // KnownType reports whether t is a message type the switch acts on: DATA, RESULT and PULL, which
-// it handles, and JOIN, LEAVE, RESET, HALT, ACK, RETRANSMIT and HEARTBEAT, which it passes to its
-// agent. Every other value is malformed.
+// it handles, and JOIN, LEAVE, RESET, HALT, SETH, FBCAST, ACK, RETRANSMIT and HEARTBEAT, which it
+// passes to its agent. Every other value is malformed.
 func KnownType(t uint8) bool {
 	switch t {
-	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgHeartbeat, MsgPull, MsgHalt:
+	case MsgData, MsgResult, MsgJoin, MsgLeave, MsgReset, MsgAck, MsgRetransmit, MsgHeartbeat, MsgPull, MsgHalt, MsgSetH, MsgFBcast:
 		return true
 	}
 	return false

@@ -116,6 +116,8 @@ func TestConstantsMatchGenerated(t *testing.T) {
 		{"FlagPending", uint64(FlagPending), uint64(bpf.XdpaggFlagF_PENDING)},
 		{"MsgPull", uint64(MsgPull), uint64(bpf.XdpaggMsgTypeMSG_PULL)},
 		{"MsgHalt", uint64(MsgHalt), uint64(bpf.XdpaggMsgTypeMSG_HALT)},
+		{"MsgSetH", uint64(MsgSetH), uint64(bpf.XdpaggMsgTypeMSG_SETH)},
+		{"MsgFBcast", uint64(MsgFBcast), uint64(bpf.XdpaggMsgTypeMSG_FBCAST)},
 		{"EncSparseCold", uint64(EncSparseCold), uint64(bpf.XdpaggEncodingENC_SPARSE_COLD)},
 		{"EncSparseHot", uint64(EncSparseHot), uint64(bpf.XdpaggEncodingENC_SPARSE_HOT)},
 		{"HotMaxValues", HotMaxValues, uint64(bpf.XdpaggLimitLIMIT_HOT_MAX_VALUES)},

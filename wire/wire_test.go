@@ -205,7 +205,7 @@ func TestParsePacketRejects(t *testing.T) {
 		{"reserved", func(h *Header, b []byte) []byte { h.Reserved = 1; return b }, ErrReserved},
 		{"reserved on a control message", func(h *Header, b []byte) []byte { h.Type, h.Reserved = MsgJoin, 0x80; return b }, ErrReserved},
 		{"type 0", func(h *Header, b []byte) []byte { h.Type = 0; return b }, ErrType},
-		{"type 11", func(h *Header, b []byte) []byte { h.Type = 11; return b }, ErrType},
+		{"type 200", func(h *Header, b []byte) []byte { h.Type = 200; return b }, ErrType},
 		{"PULL of dense values", func(h *Header, b []byte) []byte { h.Type = MsgPull; return b }, ErrEncoding},
 		{"type 255", func(h *Header, b []byte) []byte { h.Type = 255; return b }, ErrType},
 		{"count 0", func(h *Header, b []byte) []byte { h.Count = 0; return b[:HdrSize] }, ErrCount},
@@ -257,7 +257,7 @@ func TestParsePacketRejects(t *testing.T) {
 
 func TestKnown(t *testing.T) {
 	for ty := range 256 {
-		want := ty >= 1 && ty <= 10
+		want := ty >= 1 && ty <= 12
 		if KnownType(uint8(ty)) != want {
 			t.Errorf("KnownType(%d) = %v", ty, !want)
 		}

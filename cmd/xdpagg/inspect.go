@@ -176,13 +176,17 @@ func runInspect(args []string, stdout io.Writer) error {
 	if len(in.Jobs) > 0 {
 		fmt.Fprintln(stdout)
 		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "JOB\tPS\tWORKERS\tJOINED\tSLOTS AGGREGATING\tSLOTS COMPLETE\tMAX SLOTS\tSPARSE")
+		fmt.Fprintln(tw, "JOB\tPS\tWORKERS\tTHRESHOLD\tJOINED\tSLOTS AGGREGATING\tSLOTS COMPLETE\tMAX SLOTS\tSPARSE")
 		for _, j := range in.Jobs {
 			ps := "-" // slots of a job no longer admitted, until they are freed
 			if j.PS.IsValid() {
 				ps = j.PS.String()
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%#x\t%d\t%d\t%d\t%s\n", j.JobID, ps, j.Workers, j.Joined, j.Aggregating, j.Complete, j.MaxSlots, sparseDesc(j.Job))
+			th := "-"
+			if j.PS.IsValid() {
+				th = thresholdDesc(j.Job)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%#x\t%d\t%d\t%d\t%s\n", j.JobID, ps, j.Workers, th, j.Joined, j.Aggregating, j.Complete, j.MaxSlots, sparseDesc(j.Job))
 		}
 		tw.Flush()
 	}

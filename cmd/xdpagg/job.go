@@ -88,6 +88,15 @@ func sparseDesc(j maps.Job) string {
 	return fmt.Sprintf("m=%d@%d", j.RegArrays, j.RegBase)
 }
 
+// thresholdDesc is a job's H as the tables show it: "3" (asynchronous), or "sync" for a
+// threshold of 0 or of every worker.
+func thresholdDesc(j maps.Job) string {
+	if j.Threshold == 0 || j.Threshold >= j.Workers {
+		return "sync"
+	}
+	return fmt.Sprintf("%d", j.Threshold)
+}
+
 // jobAdded is what `xdpagg job add --json` prints.
 type jobAdded struct {
 	jobJSON
@@ -104,6 +113,7 @@ func runJobAdd(args []string, stdout io.Writer) error {
 		psIface  = fs.String("ps-iface", "", "switch port the PS is behind (default: the port the switch routes the PS's address to)")
 		maxSlots = fs.Uint("max-slots", 0, "most aggregator slots the job may hold (default: a quarter of the pool, at least 128)")
 		keyFile  = fs.String("key-file", "", "write the job's key (hex) to this file, mode 0600, instead of printing it")
+		thresh   = fs.Uint("threshold", 0, "asynchronous aggregation: a fragment completes once H of the workers contributed, 1..--workers (iSwitch's H; members change it with MSG_SETH); 0: every worker (synchronous)")
 		regArr   = fs.Uint("reg-arrays", 0, fmt.Sprintf("make a sparse (hot-parameter) job owning this many of the switch's register arrays (m), 1..%d: m x r hot parameters summed in-switch (r: xdpagg switch --reg-slots); 0: a dense job", bpf.JobMaxArrays))
 		asJSON   = fs.Bool("json", false, "print JSON")
 	)
@@ -115,6 +125,12 @@ func runJobAdd(args []string, stdout io.Writer) error {
 	}
 	if *workers == 0 || *workers > 32 {
 		return fmt.Errorf("%w: --workers %d: use 1..32", errUsage, *workers)
+	}
+	if *thresh > *workers {
+		return fmt.Errorf("%w: --threshold %d: use 0 (synchronous) or 1..--workers (%d)", errUsage, *thresh, *workers)
+	}
+	if *thresh > 0 && *regArr > 0 {
+		return fmt.Errorf("%w: --threshold: a sparse job (--reg-arrays) takes none", errUsage)
 	}
 	if *regArr > uint(bpf.JobMaxArrays) {
 		return fmt.Errorf("%w: --reg-arrays %d: use 0 (a dense job) or 1..%d", errUsage, *regArr, bpf.JobMaxArrays)
@@ -146,7 +162,7 @@ func runJobAdd(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	j := maps.Job{JobID: uint32(*id), PS: psAddr, PSIfindex: ifindex, Workers: uint8(*workers), MaxSlots: quota, RegArrays: uint16(*regArr)}
+	j := maps.Job{JobID: uint32(*id), PS: psAddr, PSIfindex: ifindex, Workers: uint8(*workers), MaxSlots: quota, RegArrays: uint16(*regArr), Threshold: uint8(*thresh)}
 	if *keyFile != "" {
 		// Written before admission, to a new file next to its destination: a job never exists
 		// without its key somewhere, the file is 0600 whatever was there before, and a refused
@@ -191,6 +207,9 @@ func runJobAdd(args []string, stdout io.Writer) error {
 		return readErr
 	}
 	fmt.Fprintf(stdout, "job %d admitted: %d workers, PS %v (switch port ifindex %d), at most %d slots", j.JobID, j.Workers, j.PS, j.PSIfindex, j.MaxSlots)
+	if j.Threshold != 0 {
+		fmt.Fprintf(stdout, ", asynchronous: threshold %s", thresholdDesc(j))
+	}
 	if j.RegArrays > 0 && readErr == nil {
 		fmt.Fprintf(stdout, ", sparse: %d register arrays from array %d of each parity (%s)", j.RegArrays, j.RegBase, sparseDesc(j))
 	}
@@ -330,9 +349,9 @@ func runJobList(args []string, stdout io.Writer) error {
 		return enc.Encode(out)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tPS\tPS IFINDEX\tWORKERS\tJOINED\tSLOTS HELD\tMAX SLOTS\tSPARSE")
+	fmt.Fprintln(tw, "JOB\tPS\tPS IFINDEX\tWORKERS\tTHRESHOLD\tJOINED\tSLOTS HELD\tMAX SLOTS\tSPARSE")
 	for _, j := range jobs {
-		fmt.Fprintf(tw, "%d\t%v\t%d\t%d\t%#x\t%d\t%d\t%s\n", j.JobID, j.PS, j.PSIfindex, j.Workers, j.Joined, j.Held, j.MaxSlots, sparseDesc(j))
+		fmt.Fprintf(tw, "%d\t%v\t%d\t%d\t%s\t%#x\t%d\t%d\t%s\n", j.JobID, j.PS, j.PSIfindex, j.Workers, thresholdDesc(j), j.Joined, j.Held, j.MaxSlots, sparseDesc(j))
 	}
 	return tw.Flush()
 }

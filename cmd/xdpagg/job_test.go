@@ -96,6 +96,8 @@ func TestJobFlags(t *testing.T) {
 		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "extra"), `unexpected argument "extra"`},
 		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "--reg-arrays", "257"), "--reg-arrays 257: use 0 (a dense job) or 1..256"},
 		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "--reg-arrays", "-1"), "invalid value"},
+		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "--threshold", "3"), "--threshold 3: use 0 (synchronous) or 1..--workers (2)"},
+		{add("--id", "1", "--workers", "2", "--ps", "10.0.0.1", "--threshold", "1", "--reg-arrays", "4"), "a sparse job (--reg-arrays) takes none"},
 		{[]string{"rm", "--pin-root", root}, "--id 0"},
 		{[]string{"rm", "--pin-root", root, "--id", "4294967296"}, "--id 4294967296"},
 		{[]string{"list", "--pin-root", root, "--json=maybe"}, "invalid boolean value"},
@@ -367,8 +369,8 @@ func TestJobAddKeyFile(t *testing.T) {
 // is a usage error.
 func TestJobListRm(t *testing.T) {
 	sw, root := jobSwitch(t, 600)
-	for _, id := range []string{"11", "12"} {
-		if _, err := jobCmd(root, "add", "--id", id, "--workers", "2", "--ps", "127.0.0.5", "--max-slots", "300"); err != nil {
+	for id, h := range map[string]string{"11": "0", "12": "1"} {
+		if _, err := jobCmd(root, "add", "--id", id, "--workers", "2", "--ps", "127.0.0.5", "--max-slots", "300", "--threshold", h); err != nil {
 			t.Fatalf("job add --id %s: %+v", id, err)
 		}
 	}
@@ -412,7 +414,7 @@ func TestJobListRm(t *testing.T) {
 	if !strings.Contains(lines[0], "SPARSE") {
 		t.Errorf("job list header %q has no SPARSE column", lines[0])
 	}
-	for i, want := range [][]string{{"11", "127.0.0.5:9510", "1", "2", "0x2", "4", "300", "-"}, {"12", "127.0.0.5:9510", "1", "2", "0x0", "1", "300", "-"}} {
+	for i, want := range [][]string{{"11", "127.0.0.5:9510", "1", "2", "sync", "0x2", "4", "300", "-"}, {"12", "127.0.0.5:9510", "1", "2", "1", "0x0", "1", "300", "-"}} {
 		if f := strings.Fields(lines[i+1]); !slicesEqual(f, want) {
 			t.Errorf("job list row %d = %q, want %q", i, f, want)
 		}

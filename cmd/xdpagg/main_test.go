@@ -364,7 +364,7 @@ func TestInspectShowsState(t *testing.T) {
 			row = strings.Join(f, " ")
 		}
 	}
-	if want := "3 10.200.9.2:9510 4 0x4 1 0 8 -"; row != want {
+	if want := "3 10.200.9.2:9510 4 sync 0x4 1 0 8 -"; row != want {
 		t.Errorf("job 3 row %q, want %q:\n%s", row, want, text)
 	}
 }
