@@ -75,6 +75,7 @@ func (c *ControlServer) heartbeatStats() (bpf.XdpaggHeartbeatStats, error) {
 		return st, err
 	}
 	st.Rx, st.Aggregated, st.ToPs, st.Duplicate = cnt[maps.CntRx], cnt[maps.CntAggregated], cnt[maps.CntToPS], cnt[maps.CntDuplicate]
+	st.Completed, st.ShadowTx, st.Flushed = cnt[maps.CntCompleted], cnt[maps.CntShadowTx], cnt[maps.CntFlushed]
 	st.Dropped = cnt[maps.CntMalformed] + cnt[maps.CntNotMember] + cnt[maps.CntSpoofed] + cnt[maps.CntIPInvalid] + cnt[maps.CntCtlLimited]
 	jobs, err := c.maps.ListJobs()
 	if err != nil {

@@ -443,6 +443,13 @@ struct heartbeat_stats {
 	__u64 cache_hits;       /* RETRANSMITs answered from it */
 	__u64 cache_misses;     /* RETRANSMITs it could not answer */
 	__u64 control_refused;  /* control messages the agent refused */
+	/* Resend evidence for the controller's degradation policy (Libra §3.6: loss and resend
+	 * rates): what the switch answered to workers' F_RESEND DATA. With cache_hits and
+	 * cache_misses (RETRANSMIT requests) and duplicate, per aggregated packet, it says how much
+	 * the workers are resending through this switch. */
+	__u64 completed;        /* sums completed in-switch (CNT_COMPLETED) */
+	__u64 shadow_tx;        /* resends answered from a completed slot's shadow copy (CNT_SHADOW_TX) */
+	__u64 flushed;          /* resends that flushed a half-filled slot to the PS (CNT_FLUSHED) */
 };
 
 /*

@@ -175,6 +175,9 @@ type XdpaggHeartbeatStats struct {
 	CacheHits      uint64
 	CacheMisses    uint64
 	ControlRefused uint64
+	Completed      uint64
+	ShadowTx       uint64
+	Flushed        uint64
 }
 
 type XdpaggHelpBody struct {

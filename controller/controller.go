@@ -4,8 +4,11 @@
 // heartbeats, or statistics past thresholds). It does not log and does not exit: callers read
 // Status and get state changes through Policy.OnChange.
 //
-// The controller's other duties — admitting, resetting and moving jobs, and failing a job over to
-// a standby switch — are reserved (docs/operations.md).
+// On top of the Monitor, a Controller (failover.go) owns switch groups — a primary and a standby
+// with the same port names, addresses and MACs, dual-homed hosts — and their jobs: it admits each
+// job on both switches, keeps a replica of the active switch's control state, and fails a group
+// over to its standby when the active switch fails or degrades (DegradePolicy), or when an
+// operator asks, restoring the state it could read there (docs/operations.md).
 package controller
 
 import (
@@ -110,8 +113,8 @@ type Monitor struct {
 	prev   []bpf.XdpaggHeartbeatStats
 }
 
-// New binds the controller's socket at local (port 0: any) and returns a monitor of targets.
-func New(local netip.AddrPort, targets []Target, p Policy) (*Monitor, error) {
+// NewMonitor binds the controller's socket at local (port 0: any) and returns a monitor of targets.
+func NewMonitor(local netip.AddrPort, targets []Target, p Policy) (*Monitor, error) {
 	if len(targets) == 0 {
 		return nil, fmt.Errorf("%w: no switches to watch", ErrConfig)
 	}

@@ -22,6 +22,7 @@ type fakeAgent struct {
 	key     []byte
 	stamper ctlauth.Stamper
 	silent  atomic.Bool
+	delay   atomic.Int64 // nanoseconds to wait before answering
 	mu      sync.Mutex
 	stats   bpf.XdpaggHeartbeatStats
 }
@@ -47,6 +48,7 @@ func newFakeAgent(t *testing.T, key []byte) *fakeAgent {
 			}
 			var h wire.Header
 			wire.DecodeHeader(msg, &h)
+			time.Sleep(time.Duration(f.delay.Load()))
 			f.mu.Lock()
 			st := f.stats
 			f.mu.Unlock()
@@ -90,7 +92,7 @@ func TestPolicy(t *testing.T) {
 	a, b, c := newFakeAgent(t, key), newFakeAgent(t, key), newFakeAgent(t, other)
 	var mu sync.Mutex
 	var changes []Status
-	m, err := New(netip.MustParseAddrPort("127.0.0.1:0"), []Target{
+	m, err := NewMonitor(netip.MustParseAddrPort("127.0.0.1:0"), []Target{
 		{Name: "a", Addr: a.addr(), Key: key}, {Name: "b", Addr: b.addr(), Key: key}, {Name: "c", Addr: c.addr(), Key: key},
 	}, Policy{Interval: 20 * time.Millisecond, FailAfter: 3, OnChange: func(s Status) {
 		mu.Lock()
@@ -143,7 +145,7 @@ func TestNewRefuses(t *testing.T) {
 		{"short key", []Target{{Name: "a", Addr: ok.Addr, Key: key[:5]}}},
 		{"no port", []Target{{Name: "a", Addr: netip.AddrPortFrom(ok.Addr.Addr(), 0), Key: key}}},
 	} {
-		if _, err := New(netip.MustParseAddrPort("127.0.0.1:0"), c.ts, Policy{}); err == nil {
+		if _, err := NewMonitor(netip.MustParseAddrPort("127.0.0.1:0"), c.ts, Policy{}); err == nil {
 			t.Errorf("%s: New accepted it", c.name)
 		}
 	}

@@ -160,52 +160,70 @@ func TestCLISwitchInspect(t *testing.T) {
 	}
 }
 
+// cliProc is an xdpagg daemon the test runs (`xdpagg switch`, `xdpagg controller`).
+type cliProc struct {
+	cmd    *exec.Cmd
+	exited chan error
+	stderr bytes.Buffer
+}
+
 // cliSwitch is an `xdpagg switch` process running in a topology's switch namespace.
 type cliSwitch struct {
-	cmd       *exec.Cmd
-	exited    chan error
-	stderr    bytes.Buffer
+	*cliProc
 	readyFile string
 	ready     agent.Ready
 	ports     []string
+}
+
+// startDaemon runs `ip args...` and waits for readyFile (the daemon's own signal); it fails the
+// test if the daemon dies first. The process is killed at cleanup if the test has not stopped it.
+func startDaemon(t *testing.T, what, readyFile string, args ...string) *cliProc {
+	t.Helper()
+	p := &cliProc{exited: make(chan error, 1)}
+	p.cmd = exec.Command("ip", args...)
+	p.cmd.Stderr = &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	deadline := time.After(30 * time.Second)
+	for {
+		if _, err := os.Stat(readyFile); err == nil {
+			return p
+		}
+		select {
+		case err := <-p.exited:
+			t.Fatalf("%s exited before ready: %v\n%s", what, err, p.stderr.String())
+		case <-deadline:
+			t.Fatalf("%s not ready after 30s\n%s", what, p.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // startSwitch runs `xdpagg switch --name t` on every port of tp (plus extra flags) and waits for
 // its ready file; the process is killed at cleanup if the test has not stopped it.
 func startSwitch(t *testing.T, bin, pinRoot string, tp *topo.Topology, extra ...string) *cliSwitch {
 	t.Helper()
-	sw := &cliSwitch{exited: make(chan error, 1), readyFile: filepath.Join(t.TempDir(), "ready.json")}
+	return startSwitchIn(t, bin, pinRoot, tp.SwitchNS, tp, extra...)
+}
+
+// startSwitchIn is startSwitch in the switch namespace ns (tp.SwitchNS or tp.StandbyNS).
+func startSwitchIn(t *testing.T, bin, pinRoot, ns string, tp *topo.Topology, extra ...string) *cliSwitch {
+	t.Helper()
+	sw := &cliSwitch{readyFile: filepath.Join(t.TempDir(), "ready.json")}
 	for _, h := range tp.Hosts() {
 		sw.ports = append(sw.ports, h.Port)
 	}
-	args := append([]string{"netns", "exec", tp.SwitchNS, bin, "switch", "--name", "t", "--pin-root", pinRoot,
+	args := append([]string{"netns", "exec", ns, bin, "switch", "--name", "t", "--pin-root", pinRoot,
 		"--iface", strings.Join(sw.ports, ","), "--ready-file", sw.readyFile}, extra...)
-	sw.cmd = exec.Command("ip", args...)
-	sw.cmd.Stderr = &sw.stderr
-	if err := sw.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { sw.exited <- sw.cmd.Wait() }()
-	t.Cleanup(func() {
-		if sw.cmd.ProcessState == nil {
-			_ = sw.cmd.Process.Kill()
-			<-sw.exited
-		}
-	})
-	// Wait for the ready file (the daemon's own signal), or for the daemon to die.
-	deadline := time.After(30 * time.Second)
-	for {
-		if _, err := os.Stat(sw.readyFile); err == nil {
-			break
-		}
-		select {
-		case err := <-sw.exited:
-			t.Fatalf("switch exited before ready: %v\n%s", err, sw.stderr.String())
-		case <-deadline:
-			t.Fatalf("switch not ready after 30s\n%s", sw.stderr.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	sw.cliProc = startDaemon(t, "switch", sw.readyFile, args...)
 	b, _ := os.ReadFile(sw.readyFile)
 	if err := json.Unmarshal(b, &sw.ready); err != nil || sw.ready.PinDir == "" {
 		t.Fatalf("ready file %q: %v", b, err)
@@ -218,9 +236,16 @@ func startSwitch(t *testing.T, bin, pinRoot string, tp *topo.Topology, extra ...
 // switch's XDP_TX/redirect frames are accepted.
 func newAgentTopo(t *testing.T, n int) *topo.Topology {
 	t.Helper()
+	return newAgentTopoOf(t, topo.Config{Workers: n, PS: true})
+}
+
+// newAgentTopoOf is newAgentTopo for any cfg (its Prefix and HostXDP are set here).
+func newAgentTopoOf(t *testing.T, cfg topo.Config) *topo.Topology {
+	t.Helper()
 	pass := bpftest.LoadSwitch(t, loader.Config{PoolSize: 1})
 	prefix := topo.NewPrefix()
-	tp, err := topo.New(topo.Config{Prefix: prefix, Workers: n, PS: true, HostXDP: pass.Objects.XdpaggPass})
+	cfg.Prefix, cfg.HostXDP = prefix, pass.Objects.XdpaggPass
+	tp, err := topo.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func TestControllerDetectsFailure(t *testing.T) {
 	ps := a.tp.PS
 	var m *controller.Monitor
 	if err := a.tp.InHost(ps, func() (err error) {
-		m, err = controller.New(netip.AddrPortFrom(ps.IP, 0),
+		m, err = controller.NewMonitor(netip.AddrPortFrom(ps.IP, 0),
 			[]controller.Target{{Name: "sw", Addr: netip.AddrPortFrom(ps.Gateway, loader.DefaultPort), Key: key}},
 			controller.Policy{Interval: 100 * time.Millisecond, FailAfter: 3, OnChange: func(s controller.Status) {
 				mu.Lock()

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,52 +25,14 @@ import (
 	"github.com/xdpagg/xdpagg/wire"
 )
 
-// The management network of the tests: a veth between the switch namespace and a controller
-// namespace of its own, on no switch port.
-var (
-	mgmtSwitchIP     = netip.MustParseAddr("10.254.0.1")
-	mgmtCtlIP        = netip.MustParseAddr("10.254.0.2")
-	mgmtSwitchMAC, _ = net.ParseMAC("02:77:00:00:00:01")
-	mgmtCtlMAC, _    = net.ParseMAC("02:77:00:00:00:02")
-)
-
-// addMgmtNet makes the controller namespace tp.Prefix+"-ctl" and a veth "mg0" from it to the
-// switch namespace, addressed and with static neighbours on both ends; both go at cleanup. It
-// returns the controller namespace's name.
-func addMgmtNet(t *testing.T, tp *topo.Topology) string {
-	t.Helper()
-	ctl := tp.Prefix + "-ctl"
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	run("netns", "add", ctl)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ctl).Run() }) // takes both veth ends
-	run("-n", ctl, "link", "add", "mg0", "address", mgmtCtlMAC.String(), "type", "veth",
-		"peer", "name", "mg0", "address", mgmtSwitchMAC.String(), "netns", tp.SwitchNS)
-	for _, side := range []struct {
-		ns       string
-		ip, peer netip.Addr
-		peerMAC  net.HardwareAddr
-	}{{ctl, mgmtCtlIP, mgmtSwitchIP, mgmtSwitchMAC}, {tp.SwitchNS, mgmtSwitchIP, mgmtCtlIP, mgmtCtlMAC}} {
-		run("-n", side.ns, "addr", "add", side.ip.String()+"/24", "dev", "mg0")
-		run("-n", side.ns, "link", "set", "mg0", "up")
-		run("-n", side.ns, "link", "set", "lo", "up")
-		run("-n", side.ns, "neigh", "replace", side.peer.String(), "lladdr", side.peerMAC.String(), "dev", "mg0", "nud", "permanent")
-	}
-	return ctl
-}
-
 // heartbeatOver sends one heartbeat under key from the controller namespace to the switch's
-// management address and returns the statistics of its answer.
-func heartbeatOver(t *testing.T, ctl string, key []byte, seq uint32) (bpf.XdpaggHeartbeatStats, error) {
+// management address sw and returns the statistics of its answer.
+func heartbeatOver(t *testing.T, ctl string, sw netip.Addr, key []byte, seq uint32) (bpf.XdpaggHeartbeatStats, error) {
 	t.Helper()
 	var st bpf.XdpaggHeartbeatStats
 	var conn *net.UDPConn
 	if err := topo.Do(ctl, func() (err error) {
-		conn, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(mgmtSwitchIP, loader.DefaultPort)))
+		conn, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(sw, loader.DefaultPort)))
 		return err
 	}); err != nil {
 		return st, err
@@ -122,9 +83,9 @@ func TestMgmtChannel(t *testing.T) {
 	const pool = 64
 	keyFile := filepath.Join(t.TempDir(), "controller.key")
 	a := &agentEnv{bin: buildCLI(t), pinRoot: bpffsDir(t), pool: pool}
-	a.tp = newAgentTopo(t, 2)
-	ctl := addMgmtNet(t, a.tp)
-	mgmtAddr := netip.AddrPortFrom(mgmtSwitchIP, mgmt.DefaultPort)
+	a.tp = newAgentTopoOf(t, topo.Config{Workers: 2, PS: true, Mgmt: true})
+	ctl, mgmtIP := a.tp.Mgmt.NS, a.tp.Mgmt.Primary.Switch
+	mgmtAddr := netip.AddrPortFrom(mgmtIP, mgmt.DefaultPort)
 	a.sw = startSwitch(t, a.bin, a.pinRoot, a.tp, "--pool", fmt.Sprint(pool), "--controller-key-file", keyFile,
 		"--mgmt-listen", mgmtAddr.String(), "--metrics-addr", "127.0.0.1:0")
 	if a.sw.ready.MgmtAddr != mgmtAddr.String() {
@@ -185,7 +146,7 @@ func TestMgmtChannel(t *testing.T) {
 	}
 
 	// Heartbeats arrive on the management interface, not a switch port: answered.
-	st, err := heartbeatOver(t, ctl, key, 1)
+	st, err := heartbeatOver(t, ctl, mgmtIP, key, 1)
 	if err != nil {
 		t.Fatalf("heartbeat over the management network: %v", err)
 	}
@@ -233,7 +194,7 @@ func TestMgmtChannel(t *testing.T) {
 	if err := inCtl(func() (err error) { snap, err = c.Snapshot(ctx, mgmt.ScopeControl); return err }); err != nil || !snap.Draining || len(snap.Members) != 2 {
 		t.Errorf("snapshot after the drain: %+v, %v", snap, err)
 	}
-	if _, err := heartbeatOver(t, ctl, key, 2); err != nil {
+	if _, err := heartbeatOver(t, ctl, mgmtIP, key, 2); err != nil {
 		t.Errorf("heartbeat after the drain: %v", err)
 	}
 	if err := inCtl(func() error { return c.Remove(ctx, 81) }); err != nil {

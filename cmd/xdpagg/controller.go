@@ -51,8 +51,9 @@ func (l *switchList) Set(v string) error {
 	return nil
 }
 
-// runController is `xdpagg controller`: it heartbeats every --switch, logs state changes, serves
-// metrics, and writes its view to --status-file (JSON) after every heartbeat round.
+// runController is `xdpagg controller`: with --config, the controller of groups and jobs
+// (runGroups); else it heartbeats every --switch, logs state changes, serves metrics, and writes
+// its view to --status-file (JSON) after every heartbeat round.
 func runController(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
 	var targets switchList
@@ -65,19 +66,27 @@ func runController(args []string, stdout io.Writer) error {
 		metrics  = fs.String("metrics-addr", "", "serve Prometheus metrics at host:port (empty: off)")
 		status   = fs.String("status-file", "", "write every switch's status (JSON) here after each round")
 		ready    = fs.String("ready-file", "", "write this file once heartbeating; removed on exit")
+		config   = fs.String("config", "", "groups and jobs (JSON, docs/operations.md): own them — admit the jobs on both switches of each group, keep replicas, fail groups over; instead of --switch")
+		stateDir = fs.String("state-dir", "", "with --config: the controller's state (jobs' keys, active switches, replicas, failovers), its status.json and operator socket; reloaded on restart")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(targets) == 0 {
-		return fmt.Errorf("%w: give at least one --switch NAME=IP[:PORT]@KEYFILE", errUsage)
 	}
 	local, err := netip.ParseAddrPort(*listen)
 	if err != nil {
 		return fmt.Errorf("%w: --listen %q: %v", errUsage, *listen, err)
 	}
 	log := slog.Default()
-	m, err := controller.New(local, targets, controller.Policy{Interval: *interval, SuspectAfter: *suspect, FailAfter: *fail,
+	if *config != "" {
+		if len(targets) > 0 || *stateDir == "" || *status != "" {
+			return fmt.Errorf("%w: --config takes --state-dir (its status is <state-dir>/%s), not --switch or --status-file", errUsage, controller.StatusFile)
+		}
+		return runGroups(*config, *stateDir, local, *metrics, *ready, log)
+	}
+	if len(targets) == 0 {
+		return fmt.Errorf("%w: give --config and --state-dir, or at least one --switch NAME=IP[:PORT]@KEYFILE", errUsage)
+	}
+	m, err := controller.NewMonitor(local, targets, controller.Policy{Interval: *interval, SuspectAfter: *suspect, FailAfter: *fail,
 		OnChange: func(s controller.Status) {
 			log.Info("switch state", "switch", s.Name, "state", s.State, "reason", s.Reason)
 		}})
@@ -113,11 +122,88 @@ func runController(args []string, stdout io.Writer) error {
 		}()
 	}
 	if *ready != "" {
-		if err := os.WriteFile(*ready, []byte(fmt.Sprintf("{\"pid\": %d}\n", os.Getpid())), 0o644); err != nil {
-			return fmt.Errorf("write ready file: %w", err)
+		if err := writeReady(*ready); err != nil {
+			return err
 		}
 		defer os.Remove(*ready)
 	}
 	log.Info("controller heartbeating", "switches", len(targets), "interval", *interval)
 	return m.Run(ctx)
+}
+
+func writeReady(path string) error {
+	if err := os.WriteFile(path, []byte(fmt.Sprintf("{\"pid\": %d}\n", os.Getpid())), 0o644); err != nil {
+		return fmt.Errorf("write ready file: %w", err)
+	}
+	return nil
+}
+
+// runGroups is `xdpagg controller --config F --state-dir D`: the controller that owns groups and
+// jobs (package controller's Controller), logging what it does.
+func runGroups(config, dir string, local netip.AddrPort, metrics, ready string, log *slog.Logger) error {
+	cfg, err := controller.LoadConfig(config)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	c, err := controller.New(cfg, dir, controller.Options{Local: local,
+		OnChange: func(s controller.Status) {
+			log.Info("switch state", "switch", s.Name, "state", s.State, "reason", s.Reason)
+		},
+		OnFailover: func(f controller.Failover) {
+			args := []any{"group", f.Group, "from", f.From, "to", f.To, "reason", f.Reason, "detail", f.Detail, "source", f.Source,
+				"drain", f.Drain, "snapshot", f.Snapshot, "restore", f.Restore, "total", f.Total, "migrated", f.Migrated, "notes", f.Notes}
+			if f.Error != "" {
+				log.Error("failover did not complete", append(args, "err", f.Error)...)
+				return
+			}
+			log.Warn("failover", args...)
+		},
+		OnError: func(err error) { log.Warn("controller", "err", err) },
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if metrics != "" {
+		_, stopMetrics, err := agent.ServeMetrics(metrics, log, controller.NewControllerCollector(c))
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		defer stopMetrics()
+	}
+	if ready != "" {
+		if err := writeReady(ready); err != nil {
+			return err
+		}
+		defer os.Remove(ready)
+	}
+	log.Info("controller running", "groups", len(cfg.Groups), "jobs", len(cfg.Jobs), "state_dir", dir)
+	return c.Run(ctx)
+}
+
+// runFailover is `xdpagg failover --state-dir D --group G`: ask the running controller to drain
+// the group's active switch and move the group to the other one.
+func runFailover(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("failover", flag.ContinueOnError)
+	var (
+		dir     = fs.String("state-dir", "", "the controller's --state-dir")
+		group   = fs.String("group", "", "the group to move to its other switch")
+		timeout = fs.Duration("timeout", time.Minute, "give up waiting for the controller after this long")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" || *group == "" {
+		return fmt.Errorf("%w: give --state-dir and --group", errUsage)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	r, err := controller.Ask(ctx, *dir, controller.Request{Op: "failover", Group: *group})
+	if r.Failover != nil {
+		b, _ := json.MarshalIndent(r.Failover, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+	}
+	return err
 }

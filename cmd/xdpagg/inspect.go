@@ -60,9 +60,13 @@ func runInspect(args []string, stdout io.Writer) error {
 		asJSON  = fs.Bool("json", false, "print JSON")
 		slots   = fs.Bool("slots", false, "list every slot in use, not just the count")
 		rSlots  = fs.Uint("reg-slots", 0, fmt.Sprintf("the switch's slots per register array r (xdpagg switch --reg-slots, 1..%d), to show sparse jobs' register fill as a share of m x r; 0: unknown (fill as a count)", bpf.RegSlots))
+		ctlView = fs.String("controller-status", "", "instead of a switch, show the controller's view from this status file (or its --state-dir): groups, active switches, members, jobs, thresholds, the last failover")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *ctlView != "" {
+		return inspectController(*ctlView, *asJSON, stdout)
 	}
 	if *rSlots > uint(bpf.RegSlots) {
 		return fmt.Errorf("%w: --reg-slots %d: use 1..%d, or 0 if unknown", errUsage, *rSlots, bpf.RegSlots)

@@ -28,7 +28,8 @@ var commands = []command{
 	{"job", "admit (add), list or end (rm) jobs on a running switch", runJob},
 	{"demo", "build a netns topology, run a verified allreduce through the switch, tear down (--sparse: a sparse model's trace)", runDemo},
 	{"bench", "compare xdpagg with a parameter server, ring allreduce and Gloo side by side (--sparse: sparse vs PS-only vs dense)", runBench},
-	{"controller", "heartbeat switches' agents and report which are healthy, suspect or failed", runController},
+	{"controller", "own switch groups and their jobs: heartbeat, replicate, fail over (--config); or just heartbeat (--switch)", runController},
+	{"failover", "ask the running controller to drain a group's active switch and move the group to its other switch", runFailover},
 }
 
 // errUsage marks errors whose message is the whole story (bad flags): no extra prefix.

@@ -6,6 +6,10 @@
 //	host ns Prefix-w1  eth0 10.200.2.2/24 ─── p1 10.200.2.1/24 ├ switch ns Prefix-sw (ip_forward=1)
 //	host ns Prefix-ps  eth0 10.200.3.2/24 ─── p2 10.200.3.1/24 ┘
 //
+// Config.Standby adds a standby switch with the primary's port names, addresses and MACs and a
+// second link from every host to it, and Config.Mgmt (or Standby) a management namespace linked
+// to the switches (standby.go).
+//
 // Neighbour entries are static in both directions, so nothing depends on ARP (an XDP program
 // under test may drop it). TX checksum offload is off and GRO on for every veth (unless
 // Config.KernelOffloads). IPv6 is disabled in every namespace so that no stray ICMPv6 traffic
@@ -39,6 +43,11 @@ const (
 	DefaultMTU = 1500
 	// HostIfname is the name of every host's interface inside its namespace.
 	HostIfname = "eth0"
+	// HostIfname2 is every host's link to the standby switch (Config.Standby).
+	HostIfname2 = "eth1"
+	// MetricPrimary and MetricStandby are the route metrics of a dual-homed host's two links.
+	MetricPrimary = 10
+	MetricStandby = 20
 )
 
 // Config describes a topology.
@@ -60,6 +69,17 @@ type Config struct {
 	// topology for traffic that no XDP program touches, e.g. benchmark baselines. Do not combine
 	// it with XDP programs on the ports or HostXDP.
 	KernelOffloads bool
+	// Standby adds a standby switch (namespace Prefix+"-sb") with the primary's port names,
+	// addresses and MACs, and dual-homes every host: a second link HostIfname2 to the standby's
+	// port of the same name, the host's address on both, routes via the primary's link at metric
+	// MetricPrimary and via the standby's at MetricStandby, and ignore_routes_with_linkdown=1, so
+	// that when the primary's port loses carrier the host's kernel sends everything to the
+	// standby. It also adds a management namespace (Prefix+"-mg") with a link to each switch
+	// (Topology.Mgmt). HostXDP is attached to both host links.
+	Standby bool
+	// Mgmt adds the management namespace (Topology.Mgmt) with a link to the switch only, for a
+	// topology without a standby (Standby implies it).
+	Mgmt bool
 }
 
 // Host is one host of a topology and the switch port it hangs off.
@@ -78,6 +98,11 @@ type Host struct {
 	// XDPLink is the host's Config.HostXDP attachment (nil without one). Tests swap the program
 	// with XDPLink.Update, e.g. for one that drops some packets; Close closes it.
 	XDPLink link.Link
+	// With Config.Standby: HostIfname2's ifindex in the host namespace, the standby's port of
+	// the same name Port (PortMAC, Gateway), its ifindex in the standby namespace, and
+	// HostIfname2's HostXDP attachment. MAC is the same on both host links.
+	Ifindex2, PortIndex2 int
+	XDPLink2             link.Link
 }
 
 // Topology is a built topology. Close it to delete everything it made.
@@ -87,14 +112,20 @@ type Topology struct {
 	Workers  []*Host // in worker-id order
 	PS       *Host   // nil without Config.PS
 	MTU      int     // of every veth
+	// With Config.Standby: the standby switch's namespace and the management network.
+	StandbyNS string
+	Mgmt      *Mgmt
 
 	mu         sync.Mutex
 	namespaces []string // created by this topology, in creation order
 	nsHandles  map[string]netns.NsHandle
 	nlHandles  map[string]*netlink.Handle
-	ports      []string // veths created in the switch namespace
+	ports      []nsLink // veths created in the switch namespaces
 	xdpLinks   []link.Link
 }
+
+// nsLink is a link by namespace and name.
+type nsLink struct{ ns, name string }
 
 var prefixRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
@@ -169,8 +200,9 @@ func (t *Topology) Close() error {
 	t.xdpLinks = nil
 	// Delete the veths explicitly: a namespace lives on while anything (e.g. a test's socket)
 	// holds it, and its veths with it.
-	if h := t.nlHandles[t.SwitchNS]; h != nil {
-		for _, name := range t.ports {
+	for _, p := range t.ports {
+		if h := t.nlHandles[p.ns]; h != nil {
+			name := p.name
 			l, err := h.LinkByName(name)
 			if err != nil {
 				var nf netlink.LinkNotFoundError
@@ -249,25 +281,9 @@ func (t *Topology) makeNS(name string) (netns.NsHandle, *netlink.Handle, error) 
 func (t *Topology) build(cfg Config) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	swNS, sw, err := t.makeNS(t.SwitchNS)
+	swNS, sw, err := t.makeSwitchNS(t.SwitchNS)
 	if err != nil {
 		return err
-	}
-	// Before any port exists, so the ports inherit the defaults.
-	err = DoHandle(swNS, func() error {
-		for _, kv := range [][2]string{
-			{"net.ipv4.ip_forward", "1"},
-			{"net.ipv4.conf.all.rp_filter", "0"},
-			{"net.ipv4.conf.default.rp_filter", "0"},
-		} {
-			if err := writeSysctl(kv[0], kv[1]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("switch namespace %s: %w", t.SwitchNS, err)
 	}
 
 	n := cfg.Workers
@@ -289,10 +305,43 @@ func (t *Topology) build(cfg Config) error {
 			t.PS = h
 		}
 	}
+	if cfg.Standby {
+		if err := t.buildStandby(cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.Standby || cfg.Mgmt {
+		return t.buildMgmt()
+	}
 	return nil
 }
 
-// addHost creates host i's namespace and veth pair and wires addresses, routes and neighbours.
+// makeSwitchNS makes a switch namespace: forwarding on, reverse-path filtering off (set before
+// any port exists, so the ports inherit the defaults).
+func (t *Topology) makeSwitchNS(name string) (netns.NsHandle, *netlink.Handle, error) {
+	nsh, nlh, err := t.makeNS(name)
+	if err != nil {
+		return nsh, nlh, err
+	}
+	err = DoHandle(nsh, func() error {
+		for _, kv := range [][2]string{
+			{"net.ipv4.ip_forward", "1"},
+			{"net.ipv4.conf.all.rp_filter", "0"},
+			{"net.ipv4.conf.default.rp_filter", "0"},
+		} {
+			if err := writeSysctl(kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nsh, nlh, fmt.Errorf("switch namespace %s: %w", name, err)
+	}
+	return nsh, nlh, nil
+}
+
+// addHost creates host i's namespace and its link to the switch.
 func (t *Topology) addHost(cfg Config, swNS netns.NsHandle, sw *netlink.Handle, i int, name string) (*Host, error) {
 	subnet := byte(i + 1)
 	h := &Host{
@@ -311,9 +360,33 @@ func (t *Topology) addHost(cfg Config, swNS netns.NsHandle, sw *netlink.Handle, 
 	if err != nil {
 		return nil, err
 	}
+	side := hostLink{ns: t.SwitchNS, swNS: swNS, sw: sw, ifname: HostIfname, tmp: fmt.Sprintf("h%d", i)}
+	if cfg.Standby {
+		side.metric = MetricPrimary
+	}
+	ifindex, portIndex, xl, err := t.addLink(cfg, hostNS, hn, h, side)
+	if err != nil {
+		return nil, err
+	}
+	h.Ifindex, h.PortIndex, h.XDPLink = ifindex, portIndex, xl
+	return h, nil
+}
 
-	// The veth pair is made in the switch namespace; the peer (temporary name) moves to the host.
-	tmp := fmt.Sprintf("h%d", i)
+// hostLink says which switch a host link goes to.
+type hostLink struct {
+	ns     string // the switch's namespace
+	swNS   netns.NsHandle
+	sw     *netlink.Handle
+	ifname string // the host side's name
+	tmp    string // the host side's name while it is still in the switch namespace
+	metric int    // 0: one link, the kernel's connected route and a plain default route
+}
+
+// addLink makes the veth pair between host h and a switch (port h.Port, with h.PortMAC and
+// h.Gateway; the host side with h.MAC and h.IP), and wires addresses, routes, neighbours and
+// HostXDP. It returns the host side's and the port's ifindexes and the XDP attachment.
+func (t *Topology) addLink(cfg Config, hostNS netns.NsHandle, hn *netlink.Handle, h *Host, side hostLink) (int, int, link.Link, error) {
+	sw, tmp := side.sw, side.tmp
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = h.Port
 	attrs.MTU = cfg.MTU
@@ -326,93 +399,109 @@ func (t *Topology) addHost(cfg Config, swNS netns.NsHandle, sw *netlink.Handle, 
 		PeerTxQLen:       -1,
 	}
 	if err := sw.LinkAdd(veth); err != nil {
-		return nil, fmt.Errorf("create veth %s/%s (MTU %d): %w", h.Port, tmp, cfg.MTU, err)
+		return 0, 0, nil, fmt.Errorf("create veth %s/%s (MTU %d): %w", h.Port, tmp, cfg.MTU, err)
 	}
-	t.ports = append(t.ports, h.Port)
+	t.ports = append(t.ports, nsLink{side.ns, h.Port})
 	peer, err := sw.LinkByName(tmp)
 	if err != nil {
-		return nil, fmt.Errorf("find veth peer %s: %w", tmp, err)
+		return 0, 0, nil, fmt.Errorf("find veth peer %s: %w", tmp, err)
 	}
 	if err := sw.LinkSetNsFd(peer, int(hostNS)); err != nil {
-		return nil, fmt.Errorf("move veth peer %s to %s: %w", tmp, h.NSName, err)
+		return 0, 0, nil, fmt.Errorf("move veth peer %s to %s: %w", tmp, h.NSName, err)
 	}
 	if peer, err = hn.LinkByName(tmp); err != nil {
-		return nil, fmt.Errorf("find moved veth peer %s: %w", tmp, err)
+		return 0, 0, nil, fmt.Errorf("find moved veth peer %s: %w", tmp, err)
 	}
-	if err := hn.LinkSetName(peer, h.Ifname); err != nil {
-		return nil, fmt.Errorf("rename veth peer %s to %s: %w", tmp, h.Ifname, err)
+	if err := hn.LinkSetName(peer, side.ifname); err != nil {
+		return 0, 0, nil, fmt.Errorf("rename veth peer %s to %s: %w", tmp, side.ifname, err)
 	}
-	eth, err := hn.LinkByName(h.Ifname)
+	eth, err := hn.LinkByName(side.ifname)
 	if err != nil {
-		return nil, fmt.Errorf("find %s: %w", h.Ifname, err)
+		return 0, 0, nil, fmt.Errorf("find %s: %w", side.ifname, err)
 	}
 	port, err := sw.LinkByName(h.Port)
 	if err != nil {
-		return nil, fmt.Errorf("find port %s: %w", h.Port, err)
+		return 0, 0, nil, fmt.Errorf("find port %s: %w", h.Port, err)
 	}
-	h.Ifindex = eth.Attrs().Index
+	ifindex, portIndex := eth.Attrs().Index, port.Attrs().Index
 	h.MAC = eth.Attrs().HardwareAddr
-	h.PortIndex = port.Attrs().Index
 	h.PortMAC = port.Attrs().HardwareAddr
 
 	// Offloads, from threads inside each namespace.
 	if !cfg.KernelOffloads {
-		if err := DoHandle(swNS, func() error { return tuneVeth(h.Port) }); err != nil {
-			return nil, fmt.Errorf("port %s: %w", h.Port, err)
+		if err := DoHandle(side.swNS, func() error { return tuneVeth(h.Port) }); err != nil {
+			return 0, 0, nil, fmt.Errorf("port %s: %w", h.Port, err)
 		}
-		if err := DoHandle(hostNS, func() error { return tuneVeth(h.Ifname) }); err != nil {
-			return nil, fmt.Errorf("%s: %w", h.Ifname, err)
+		if err := DoHandle(hostNS, func() error { return tuneVeth(side.ifname) }); err != nil {
+			return 0, 0, nil, fmt.Errorf("%s: %w", side.ifname, err)
 		}
 	}
 
-	// Addresses, then up.
+	// Addresses, then up. A dual-homed host's routes are its own, with metrics (below).
 	hostAddr := &netlink.Addr{IPNet: &net.IPNet{IP: h.IP.AsSlice(), Mask: net.CIDRMask(24, 32)}}
+	if side.metric != 0 {
+		hostAddr.Flags = unix.IFA_F_NOPREFIXROUTE
+	}
 	gwAddr := &netlink.Addr{IPNet: &net.IPNet{IP: h.Gateway.AsSlice(), Mask: net.CIDRMask(24, 32)}}
 	if err := sw.AddrAdd(port, gwAddr); err != nil {
-		return nil, fmt.Errorf("address %s on port %s: %w", h.Gateway, h.Port, err)
+		return 0, 0, nil, fmt.Errorf("address %s on port %s: %w", h.Gateway, h.Port, err)
 	}
 	if err := hn.AddrAdd(eth, hostAddr); err != nil {
-		return nil, fmt.Errorf("address %s on %s: %w", h.IP, h.Ifname, err)
+		return 0, 0, nil, fmt.Errorf("address %s on %s: %w", h.IP, side.ifname, err)
 	}
 	if err := sw.LinkSetUp(port); err != nil {
-		return nil, fmt.Errorf("bring port %s up: %w", h.Port, err)
+		return 0, 0, nil, fmt.Errorf("bring port %s up: %w", h.Port, err)
 	}
 	if err := hn.LinkSetUp(eth); err != nil {
-		return nil, fmt.Errorf("bring %s up: %w", h.Ifname, err)
+		return 0, 0, nil, fmt.Errorf("bring %s up: %w", side.ifname, err)
 	}
 
 	// Default route via the switch port, and static neighbours both ways.
-	if err := hn.RouteAdd(&netlink.Route{LinkIndex: h.Ifindex, Gw: h.Gateway.AsSlice()}); err != nil {
-		return nil, fmt.Errorf("default route via %s: %w", h.Gateway, err)
+	def := &netlink.Route{LinkIndex: ifindex, Gw: h.Gateway.AsSlice()}
+	routes := []*netlink.Route{def}
+	if side.metric != 0 { // the subnet first: the gateway must be reachable
+		def.Priority = side.metric
+		routes = []*netlink.Route{{LinkIndex: ifindex, Dst: prefixNet(h.Prefix), Src: h.IP.AsSlice(),
+			Scope: netlink.SCOPE_LINK, Priority: side.metric}, def}
+	}
+	for _, r := range routes {
+		if err := hn.RouteAdd(r); err != nil {
+			return 0, 0, nil, fmt.Errorf("route %v via %s: %w", r.Dst, side.ifname, err)
+		}
 	}
 	if err := hn.NeighSet(&netlink.Neigh{
-		LinkIndex: h.Ifindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		LinkIndex: ifindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
 		IP: h.Gateway.AsSlice(), HardwareAddr: h.PortMAC,
 	}); err != nil {
-		return nil, fmt.Errorf("neighbour %s on %s: %w", h.Gateway, h.Ifname, err)
+		return 0, 0, nil, fmt.Errorf("neighbour %s on %s: %w", h.Gateway, side.ifname, err)
 	}
 	if err := sw.NeighSet(&netlink.Neigh{
-		LinkIndex: h.PortIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		LinkIndex: portIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
 		IP: h.IP.AsSlice(), HardwareAddr: h.MAC,
 	}); err != nil {
-		return nil, fmt.Errorf("neighbour %s on port %s: %w", h.IP, h.Port, err)
+		return 0, 0, nil, fmt.Errorf("neighbour %s on port %s: %w", h.IP, h.Port, err)
 	}
 
+	var xl link.Link
 	if cfg.HostXDP != nil {
 		err := DoHandle(hostNS, func() error {
-			l, err := link.AttachXDP(link.XDPOptions{Program: cfg.HostXDP, Interface: h.Ifindex, Flags: link.XDPDriverMode})
+			l, err := link.AttachXDP(link.XDPOptions{Program: cfg.HostXDP, Interface: ifindex, Flags: link.XDPDriverMode})
 			if err != nil {
-				return fmt.Errorf("attach host XDP program to %s: %w", h.Ifname, err)
+				return fmt.Errorf("attach host XDP program to %s: %w", side.ifname, err)
 			}
 			t.xdpLinks = append(t.xdpLinks, l)
-			h.XDPLink = l
+			xl = l
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return 0, 0, nil, err
 		}
 	}
-	return h, nil
+	return ifindex, portIndex, xl, nil
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // AddHostAddr gives host h a second address ip on its link (in its /24), with the static
