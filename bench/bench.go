@@ -710,7 +710,9 @@ const LinkShaping = "every host link (workers and, where there is one, the PS), 
 func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (mode, error) {
 	switch name {
 	case ModeXdpagg:
-		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU,
+		// Each worker's link carries its own window.
+		timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
+		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
 			Switch: loader.Config{PoolSize: 4096}})
 		if err != nil {
 			return nil, err
@@ -814,11 +816,13 @@ func newPSMode(opts Options, w int, rate uint64) (_ *psMode, err error) {
 	m.cancel, m.done = cancel, make(chan error, 1)
 	go func() { m.done <- m.srv.Serve(ctx) }()
 	values := valuesPerPacket(opts)
+	// The PS's link carries every worker's window.
+	timeout := retransmitTimeout(rate, w*workerWindow(opts), opts.MTU)
 	for i, h := range m.topo.Workers {
 		err := m.topo.InHost(h, func() error {
 			wk, err := hostlib.NewWorker(hostlib.WorkerConfig{JobID: 2, WorkerID: uint8(i),
 				NumWorkers: uint8(w), Local: netip.AddrPortFrom(h.IP, psWorkerPort),
-				PS: addr, PoolSize: 4096, Window: opts.Window, ValuesPerPacket: values})
+				PS: addr, PoolSize: 4096, Window: opts.Window, ValuesPerPacket: values, Timeout: timeout})
 			if err != nil {
 				return err
 			}
@@ -883,7 +887,8 @@ func newRingMode(opts Options, w int, rate uint64) (_ *ringMode, err error) {
 	values := valuesPerPacket(opts)
 	for i, h := range m.topo.Workers {
 		err := m.topo.InHost(h, func() error {
-			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers, ValuesPerPacket: values})
+			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers, ValuesPerPacket: values,
+				Timeout: retransmitTimeout(rate, hostlib.DefaultRingWindow, opts.MTU)})
 			if err != nil {
 				return err
 			}
@@ -962,6 +967,26 @@ func (m *glooMode) topology() *topo.Topology { return m.topo }
 // close stops the ranks (they quit, or are killed after a grace period) and waits for them to
 // exit before the topology goes.
 func (m *glooMode) close() error { return errors.Join(m.g.Close(), m.topo.Close()) }
+
+// retransmitTimeout is the first retransmit timeout of a UDP mode on links shaped to rate
+// bits/s whose busiest link queues up to inflight packets of the MTU: hostlib's default plus
+// twice the time that link takes to drain them, so that queueing on a slow link is not taken
+// for loss (as one would configure on such a link). 0 (hostlib's default) when unshaped.
+func retransmitTimeout(rate uint64, inflight, mtu int) time.Duration {
+	if rate == 0 {
+		return 0
+	}
+	bits := float64(inflight) * float64(mtu+14) * 8 // Ethernet header: HTB counts it
+	return hostlib.DefaultTimeout + 2*time.Duration(bits/float64(rate)*float64(time.Second))
+}
+
+// workerWindow is the window of the xdpagg and ps workers.
+func workerWindow(o Options) int {
+	if o.Window > 0 {
+		return o.Window
+	}
+	return hostlib.DefaultWindow
+}
 
 // valuesPerPacket is what the topology's MTU lets a UDP mode's packet carry.
 func valuesPerPacket(o Options) int {

@@ -178,3 +178,16 @@ func TestParseLinkRates(t *testing.T) {
 		}
 	}
 }
+
+// On shaped links the UDP modes wait for their busiest link to drain its in-flight packets
+// before resending; unshaped they keep hostlib's default.
+func TestRetransmitTimeout(t *testing.T) {
+	if got := retransmitTimeout(0, 64, 3388); got != 0 {
+		t.Errorf("unshaped: %v, want 0 (hostlib's default)", got)
+	}
+	// 64 packets of 3402 bytes (1,741,824 bits) at 200 Mbit/s drain in 8.70912 ms.
+	want := 20*time.Millisecond + 2*8709120*time.Nanosecond
+	if got := retransmitTimeout(200_000_000, 64, 3388); got != want {
+		t.Errorf("200mbit: %v, want %v", got, want)
+	}
+}

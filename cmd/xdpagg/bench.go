@@ -39,7 +39,7 @@ func runBench(args []string, stdout io.Writer) error {
 		python  = fs.String("python", "/usr/bin/python3", "Python with torch for the gloo mode")
 		out     = fs.String("out", "bench-out", "directory for bench.json and bench.png")
 		asJSON  = fs.Bool("json", false, "print the JSON report instead of the table")
-		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames vs bare XDP_TX) instead of the modes")
+		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames, against its payload-copy ceiling and bare XDP_TX) instead of the modes")
 		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
 		lossOne = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
 		pairs   = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
