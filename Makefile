@@ -50,9 +50,16 @@ demo-sparse: deps build
 	./$(BIN) demo --sparse
 
 # Side-by-side benchmark (xdpagg, user-space PS, ring, Gloo): table on stdout, bench-out/bench.{json,png}.
+# W = 2, 4, 8 at 40 KB, 4 MiB and 64 MiB, unshaped and with every host link shaped to
+# BENCH_LINK_RATES (each direction, every mode's topology alike), the ratios with p10-p90 and, shaped,
+# against the link-bound 2(W-1)/W; then the 0.1%-loss cost and the switch capacity with its
+# payload-copy ceiling. 200 Mbit/s keeps even W = 8 link-bound on a 2-core machine. Expected
+# duration on an idle 2-core VM: about 20-25 minutes (unshaped about 4, shaped about 16: its 64 MiB
+# cells dominate, where the PS's one link carries W x 64 MiB each way).
 BENCH_FLAGS ?=
+BENCH_LINK_RATES ?= none,200mbit
 bench: deps-bench build
-	./$(BIN) bench --out bench-out --with-capacity --mtu 3388 $(BENCH_FLAGS)
+	./$(BIN) bench --out bench-out --with-capacity --mtu 3388 --link-rate $(BENCH_LINK_RATES) $(BENCH_FLAGS)
 
 # Sparse benchmark (Zebra Figs. 6, 9, 10; sparse xdpagg vs PS-only vs dense xdpagg): table on stdout,
 # bench-out/bench-sparse.json.

@@ -31,6 +31,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/xdpagg/xdpagg/bench/gloo"
 	"github.com/xdpagg/xdpagg/hostlib"
 	"github.com/xdpagg/xdpagg/loader"
@@ -75,6 +76,9 @@ type Options struct {
 	// MTU of every link of the topology (0: 1500). Every mode gets the same links; the UDP modes
 	// fill packets to it (wire.ValuesForMTU).
 	MTU int
+	// LinkRates are the host-link rates to measure at, in bits/s per direction (topo.ShapeLinks
+	// on every mode's topology alike); 0 is unshaped. Default: unshaped only.
+	LinkRates []uint64
 }
 
 // DefaultBytes are the issue's sizes: iSwitch's PPO model, ATP's microbenchmark, a large layer.
@@ -95,6 +99,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Python == "" {
 		o.Python = "/usr/bin/python3"
+	}
+	if len(o.LinkRates) == 0 {
+		o.LinkRates = []uint64{0}
 	}
 	return o
 }
@@ -119,17 +126,24 @@ func (o Options) Validate() error {
 	if o.MTU != 0 && (o.MTU < 576 || o.MTU > 3388) {
 		return fmt.Errorf("%w: MTU %d: use 576..3388 (the largest frame a veth gives XDP as one buffer)", ErrConfig, o.MTU)
 	}
+	for _, r := range o.LinkRates {
+		if r != 0 && (r < topo.MinLinkRate || r > topo.MaxLinkRate) {
+			return fmt.Errorf("%w: link rate %d bit/s: use none or %s..%s", ErrConfig, r,
+				FormatRate(topo.MinLinkRate), FormatRate(topo.MaxLinkRate))
+		}
+	}
 	if o.Rounds < 0 {
 		return fmt.Errorf("%w: rounds %d: use a positive number", ErrConfig, o.Rounds)
 	}
 	return nil
 }
 
-// Cell is one mode at one (W, size).
+// Cell is one mode at one (W, size, link rate).
 type Cell struct {
 	Mode            string    `json:"mode"`
 	Workers         int       `json:"workers"`
 	Bytes           int       `json:"bytes"`
+	LinkRate        uint64    `json:"link_rate_bps"` // every host link shaped to this, each way; 0: unshaped
 	Seconds         []float64 `json:"seconds"`
 	Median          float64   `json:"median_s"`
 	P10             float64   `json:"p10_s"`
@@ -138,20 +152,45 @@ type Cell struct {
 	AlgBWGBps       float64   `json:"algbw_GBps"`                // bytes per worker / median time
 	CPUSecPerGB     float64   `json:"cpu_s_per_GB"`              // the mode's own CPU (its processes + ksoftirqd) per GB reduced per worker
 	MachineCPUPerGB float64   `json:"machine_cpu_s_per_GB"`      // the whole machine's busy CPU (others' load included) per GB reduced per worker
-	Verified        bool      `json:"verified"`
-	Error           string    `json:"error,omitempty"`
+	// The split of CPUSecPerGB into the workers' side and the switch's side (Report.CPUSplit
+	// says what each includes per mode); absent where a side cannot be told apart.
+	WorkerCPUPerGB *float64 `json:"worker_cpu_s_per_GB,omitempty"`
+	SwitchCPUPerGB *float64 `json:"switch_cpu_s_per_GB,omitempty"`
+	Verified       bool     `json:"verified"`
+	Error          string   `json:"error,omitempty"`
 }
 
-// Ratio compares two modes at one (W, size) over paired rounds: time(Other) / time(Mode), so
-// above 1 means Mode is faster.
+// Ratio compares two modes at one (W, size, link rate) over paired rounds: time(Other) /
+// time(Mode), so above 1 means Mode is faster.
 type Ratio struct {
-	Mode    string  `json:"mode"`
-	Other   string  `json:"other"`
-	Workers int     `json:"workers"`
-	Bytes   int     `json:"bytes"`
-	Median  float64 `json:"median"`
-	P10     float64 `json:"p10"`
-	P90     float64 `json:"p90"`
+	Mode     string  `json:"mode"`
+	Other    string  `json:"other"`
+	Workers  int     `json:"workers"`
+	Bytes    int     `json:"bytes"`
+	LinkRate uint64  `json:"link_rate_bps"`
+	Median   float64 `json:"median"`
+	P10      float64 `json:"p10"`
+	P90      float64 `json:"p90"`
+	// Theory is the ratio when the links alone set the time (shaped cells of xdpagg against
+	// another mode; see LinkBoundRatio), and FromTheory Median/Theory - 1: how far the
+	// measurement is from it (the issue's target: within 10%). Zero: no theory.
+	Theory     float64 `json:"theory,omitempty"`
+	FromTheory float64 `json:"from_theory,omitempty"`
+}
+
+// LinkBoundRatio is time(other)/time(xdpagg) for W workers when every host link is the
+// bottleneck and each mode moves its bytes at the link's rate in both directions at once: an
+// xdpagg worker sends its N bytes and receives the N-byte sum; a ring (and Gloo's ring
+// allreduce) sends and receives 2(W-1)/W·N per worker; a parameter server's one link carries
+// W·N each way. Headers are alike (every mode fills the same MTU). 0: no theory for the mode.
+func LinkBoundRatio(other string, w int) float64 {
+	switch other {
+	case ModeRing, ModeGloo:
+		return 2 * float64(w-1) / float64(w)
+	case ModePS:
+		return float64(w)
+	}
+	return 0
 }
 
 // Report is a whole run.
@@ -164,7 +203,11 @@ type Report struct {
 	Ratios  []Ratio   `json:"ratios"`
 	// Environments says where each measured mode ran (see the package's Environments).
 	Environments map[string]string `json:"environments"`
-	Notes        []string          `json:"notes,omitempty"`
+	// LinkShaping says how shaped cells were shaped (topo.ShapeLinks).
+	LinkShaping string `json:"link_shaping,omitempty"`
+	// CPUSplit says, per mode, what its worker-side and switch-side CPU figures include.
+	CPUSplit map[string]string `json:"cpu_split"`
+	Notes    []string          `json:"notes,omitempty"`
 }
 
 // Run performs the benchmark.
@@ -174,18 +217,24 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Started: time.Now(), Machine: machine(), Rounds: opts.Rounds, MTU: opts.MTU,
-		Environments: map[string]string{}}
+		Environments: map[string]string{}, CPUSplit: map[string]string{}}
 	for _, m := range opts.Modes {
 		rep.Environments[m] = Environments[m]
+		rep.CPUSplit[m] = CPUSplit[m]
+	}
+	if slices.ContainsFunc(opts.LinkRates, func(r uint64) bool { return r != 0 }) {
+		rep.LinkShaping = LinkShaping
 	}
 	if slices.Contains(opts.Modes, ModeGloo) {
 		if err := gloo.Available(opts.Python); err != nil {
 			return nil, fmt.Errorf("%w: gloo mode: %w (or leave gloo out with --modes)", ErrConfig, err)
 		}
 	}
-	for _, w := range opts.Workers {
-		if err := runWorkers(ctx, opts, w, rep); err != nil {
-			return rep, err
+	for _, rate := range opts.LinkRates {
+		for _, w := range opts.Workers {
+			if err := runWorkers(ctx, opts, w, rate, rep); err != nil {
+				return rep, err
+			}
 		}
 	}
 	rep.ratios(opts.Modes)
@@ -208,12 +257,13 @@ func progress(o Options, format string, a ...any) {
 	}
 }
 
-// runWorkers measures every mode and size at W workers in interleaved rounds. In each round
+// runWorkers measures every mode and size at W workers and link rate rate (0: unshaped) in
+// interleaved rounds. In each round
 // every mode in turn builds its own environment (topology and processes), runs every size once
 // after an untimed warm-up, and tears everything down again: no process, socket or thread of one
 // mode is alive while another is timed. The order of the modes rotates from round to round so
 // that no mode always follows the same one.
-func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
+func runWorkers(ctx context.Context, opts Options, w int, rate uint64, rep *Report) error {
 	type sized struct {
 		bytes    int
 		pristine [][]float32
@@ -222,37 +272,45 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 		cells    map[string]*Cell
 		busy     map[string]float64 // the mode's own CPU seconds in timed runs
 		machine  map[string]float64 // the machine's busy CPU seconds in timed runs
+		switched map[string]float64 // the switch's CPU seconds in warm-up runs (switchMeter)
+		metered  map[string]int     // warm-up runs whose switch CPU was measured
 		rounds   int
 	}
 	var all []*sized
 	maxRounds := 0
 	for _, bytes := range opts.Bytes {
 		n := bytes / 4
-		s := &sized{bytes: bytes, cells: map[string]*Cell{}, busy: map[string]float64{}, machine: map[string]float64{}, rounds: opts.rounds(bytes)}
+		s := &sized{bytes: bytes, cells: map[string]*Cell{}, busy: map[string]float64{}, machine: map[string]float64{},
+			switched: map[string]float64{}, metered: map[string]int{}, rounds: opts.rounds(bytes)}
 		s.pristine, s.ref = makeInputs(w, n, uint64(w)<<32|uint64(n))
 		s.work = make([][]float32, w)
 		for i := range s.work {
 			s.work[i] = make([]float32, n)
 		}
 		for _, name := range opts.Modes {
-			s.cells[name] = &Cell{Mode: name, Workers: w, Bytes: bytes}
+			s.cells[name] = &Cell{Mode: name, Workers: w, Bytes: bytes, LinkRate: rate}
 		}
 		maxRounds = max(maxRounds, s.rounds)
 		all = append(all, s)
 	}
 	failed := map[string]string{} // mode -> why its environment could not be set up
+	link := ""
+	if rate != 0 {
+		link = " at " + FormatRate(rate)
+	}
+	statsNoted := false
 	for r := range maxRounds {
 		for k := range opts.Modes {
 			name := opts.Modes[(r+k)%len(opts.Modes)]
 			if failed[name] != "" {
 				continue
 			}
-			progress(opts, "W=%d round %d/%d: %s: setting up", w, r+1, maxRounds, name)
-			m, err := setUp(ctx, name, opts, w)
+			progress(opts, "W=%d%s round %d/%d: %s: setting up", w, link, r+1, maxRounds, name)
+			m, err := setUp(ctx, name, opts, w, rate)
 			if err != nil && ctx.Err() == nil {
 				// Once more: a rank's start-up can trip over the machine's load.
-				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d round %d: set up %s failed, retried: %v", w, r+1, name, err))
-				m, err = setUp(ctx, name, opts, w)
+				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d%s round %d: set up %s failed, retried: %v", w, link, r+1, name, err))
+				m, err = setUp(ctx, name, opts, w, rate)
 			}
 			if err != nil {
 				if ctx.Err() != nil {
@@ -263,7 +321,7 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 			}
 			if r == 0 {
 				if n := m.note(); n != "" {
-					rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d %s: %s", w, name, n))
+					rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d%s %s: %s", w, link, name, n))
 				}
 			}
 			// Garbage of the previous mode is collected now rather than while this one is timed,
@@ -275,12 +333,37 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 				if r >= s.rounds || c.Error != "" {
 					continue
 				}
-				progress(opts, "W=%d round %d/%d: %s %s", w, r+1, maxRounds, name, humanBytes(s.bytes))
+				progress(opts, "W=%d%s round %d/%d: %s %s", w, link, r+1, maxRounds, name, humanBytes(s.bytes))
 				if m.needsWarmUp() {
 					for i := range s.work {
 						copy(s.work[i], s.pristine[i])
 					}
-					if _, err := m.run(ctx, s.work); err != nil {
+					// The switch's side is measured on the untimed warm-up (see switchMeter).
+					meter, metered := m.(switchMeter)
+					var stats io.Closer
+					var sw0 float64
+					if metered {
+						var err error
+						if stats, err = ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err != nil {
+							metered = false
+							if !statsNoted {
+								statsNoted = true
+								rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d%s %s: no switch-side CPU: BPF run-time statistics: %v", w, link, name, err))
+							}
+						} else if sw0, err = meter.switchCPU(); err != nil {
+							metered = false
+							stats.Close()
+						}
+					}
+					_, err := m.run(ctx, s.work)
+					if metered {
+						if sw1, merr := meter.switchCPU(); merr == nil && err == nil {
+							s.switched[name] += sw1 - sw0
+							s.metered[name]++
+						}
+						stats.Close()
+					}
+					if err != nil {
 						if ctx.Err() != nil {
 							m.close()
 							return ctx.Err()
@@ -313,9 +396,9 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 				}
 				c.Seconds = append(c.Seconds, took.Seconds())
 			}
-			progress(opts, "W=%d round %d/%d: %s: tearing down", w, r+1, maxRounds, name)
+			progress(opts, "W=%d%s round %d/%d: %s: tearing down", w, link, r+1, maxRounds, name)
 			if err := m.close(); err != nil {
-				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d %s: teardown: %v", w, name, err))
+				rep.Notes = append(rep.Notes, fmt.Sprintf("W=%d%s %s: teardown: %v", w, link, name, err))
 			}
 		}
 	}
@@ -334,6 +417,7 @@ func runWorkers(ctx context.Context, opts Options, w int, rep *Report) error {
 				c.AlgBWGBps = float64(s.bytes) / c.Median / 1e9
 				gb := float64(s.bytes) * float64(len(c.Seconds)) / 1e9
 				c.CPUSecPerGB, c.MachineCPUPerGB = s.busy[name]/gb, s.machine[name]/gb
+				c.WorkerCPUPerGB, c.SwitchCPUPerGB = splitCPU(name, c.CPUSecPerGB, s.switched[name], s.metered[name], s.bytes)
 			}
 			rep.Cells = append(rep.Cells, *c)
 		}
@@ -404,10 +488,10 @@ func quantile(sorted []float64, q float64) float64 {
 
 // ratios pairs rounds of every two modes.
 func (r *Report) ratios(modes []string) {
-	find := func(m string, w, b int) *Cell {
+	find := func(m string, w, b int, rate uint64) *Cell {
 		for i := range r.Cells {
 			c := &r.Cells[i]
-			if c.Mode == m && c.Workers == w && c.Bytes == b {
+			if c.Mode == m && c.Workers == w && c.Bytes == b && c.LinkRate == rate {
 				return c
 			}
 		}
@@ -418,7 +502,7 @@ func (r *Report) ratios(modes []string) {
 			if other == c.Mode {
 				continue
 			}
-			o := find(other, c.Workers, c.Bytes)
+			o := find(other, c.Workers, c.Bytes, c.LinkRate)
 			if o == nil || len(o.Seconds) == 0 || len(c.Seconds) == 0 {
 				continue
 			}
@@ -428,8 +512,14 @@ func (r *Report) ratios(modes []string) {
 				pr[i] = o.Seconds[i] / c.Seconds[i]
 			}
 			sort.Float64s(pr)
-			r.Ratios = append(r.Ratios, Ratio{Mode: c.Mode, Other: other, Workers: c.Workers, Bytes: c.Bytes,
-				Median: quantile(pr, 0.5), P10: quantile(pr, 0.1), P90: quantile(pr, 0.9)})
+			x := Ratio{Mode: c.Mode, Other: other, Workers: c.Workers, Bytes: c.Bytes, LinkRate: c.LinkRate,
+				Median: quantile(pr, 0.5), P10: quantile(pr, 0.1), P90: quantile(pr, 0.9)}
+			if c.LinkRate != 0 && c.Mode == ModeXdpagg {
+				if th := LinkBoundRatio(other, c.Workers); th > 0 {
+					x.Theory, x.FromTheory = th, x.Median/th-1
+				}
+			}
+			r.Ratios = append(r.Ratios, x)
 		}
 	}
 }
@@ -559,6 +649,40 @@ type mode interface {
 	note() string
 	// close stops every process, socket and goroutine of the mode and deletes its topology.
 	close() error
+	// topology is the mode's network (tests check its shaping).
+	topology() *topo.Topology
+}
+
+// switchMeter is a mode whose switch side runs as BPF programs: switchCPU is their run time
+// in seconds so far (kernel BPF statistics, counted only while enabled).
+type switchMeter interface {
+	switchCPU() (float64, error)
+}
+
+// CPUSplit says what each mode's worker-side and switch-side CPU figures include (Report.CPUSplit).
+var CPUSplit = map[string]string{
+	ModeXdpagg: "switch: run time of the switch's XDP programs (xdpagg_switch on every port, xdpagg_egress per broadcast copy) from the kernel's BPF statistics, enabled only for the untimed warm-up allreduce (they cost two clock reads per program run) and averaged over warm-ups; it leaves out the kernel's XDP work around the programs (veth NAPI, frame conversion, the broadcast's frame clones and devmap transmit), so it is a lower bound. worker: the timed run's CPU s/GB minus the switch side: this process (workers' goroutines, sockets, the kernel's packet path run in their syscalls) and ksoftirqd, the kernel's XDP work around the switch's programs included",
+	ModePS:     "not separated: the PS runs as goroutines of this process beside the workers, so the worker figure is the whole CPU s/GB, the PS's summing included; no switch figure",
+	ModeRing:   "switch: 0 (a ring needs no switch help); worker: the whole CPU s/GB: this process and ksoftirqd, including the kernel forwarding in the switch namespace that stands in for a switch ASIC",
+	ModeGloo:   "switch: 0 (Gloo needs no switch help); worker: the whole CPU s/GB: the Gloo ranks' processes and ksoftirqd, including the kernel forwarding in the switch namespace that stands in for a switch ASIC",
+}
+
+// splitCPU splits a mode's CPU s/GB (total, per worker) into its worker and switch sides:
+// switched CPU seconds over metered warm-up runs of bytes per worker (see CPUSplit).
+func splitCPU(mode string, total, switched float64, metered, bytes int) (worker, sw *float64) {
+	switch mode {
+	case ModeXdpagg:
+		if metered == 0 {
+			return nil, nil
+		}
+		s := switched / float64(metered) / (float64(bytes) / 1e9)
+		w := max(0, total-s)
+		return &w, &s
+	case ModeRing, ModeGloo:
+		zero := 0.0
+		return &total, &zero
+	}
+	return &total, nil
 }
 
 // Environments says where each mode runs (Report.Environments): each in the setting that suits
@@ -574,29 +698,52 @@ var Environments = map[string]string{
 	ModeGloo:   "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers only",
 }
 
-// setUp builds mode name's environment for W workers.
-func setUp(ctx context.Context, name string, opts Options, w int) (mode, error) {
+// LinkShaping is Report.LinkShaping: how a shaped cell's links are shaped (topo.ShapeLinks).
+const LinkShaping = "every host link (workers and, where there is one, the PS), both directions, on every mode's " +
+	"topology alike: an HTB qdisc at the root of the host's interface shapes what it sends; what it receives is " +
+	"redirected at the host's tc ingress into an ifb with the same HTB, which every packet meets whatever sent it " +
+	"(kernel forwarding through the switch namespace, or the switch's XDP broadcast, which bypasses the switch " +
+	"ports' qdiscs). Queues of 10000 packets: delayed, not dropped"
+
+// setUp builds mode name's environment for W workers, every host link shaped to rate bits/s
+// (0: unshaped).
+func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (mode, error) {
 	switch name {
 	case ModeXdpagg:
-		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU,
+		// Each worker's link carries its own window.
+		timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
+		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
 			Switch: loader.Config{PoolSize: 4096}})
 		if err != nil {
 			return nil, err
 		}
+		if rate != 0 {
+			if err := bed.Topo.ShapeLinks(rate); err != nil {
+				return nil, errors.Join(err, bed.Close())
+			}
+		}
 		return &xdpaggMode{bed: bed}, nil
 	case ModePS:
-		return newPSMode(opts, w)
+		return newPSMode(opts, w, rate)
 	case ModeRing:
-		return newRingMode(opts, w)
+		return newRingMode(opts, w, rate)
 	case ModeGloo:
-		return newGlooMode(ctx, opts, w)
+		return newGlooMode(ctx, opts, w, rate)
 	}
 	return nil, fmt.Errorf("%w: mode %q", ErrConfig, name)
 }
 
-// plainTopology is the baselines' environment: kernel forwarding, no XDP, default offloads.
-func plainTopology(opts Options, w int, ps bool) (*topo.Topology, error) {
-	return topo.New(topo.Config{Workers: w, PS: ps, MTU: opts.MTU, KernelOffloads: true})
+// plainTopology is the baselines' environment: kernel forwarding, no XDP, default offloads;
+// every host link shaped to rate bits/s (0: unshaped).
+func plainTopology(opts Options, w int, ps bool, rate uint64) (*topo.Topology, error) {
+	t, err := topo.New(topo.Config{Workers: w, PS: ps, MTU: opts.MTU, KernelOffloads: true})
+	if err != nil || rate == 0 {
+		return t, err
+	}
+	if err := t.ShapeLinks(rate); err != nil {
+		return nil, errors.Join(err, t.Close())
+	}
+	return t, nil
 }
 
 // workerNote reports whether a worker sends with UDP GSO, the fast path's kernel feature.
@@ -619,8 +766,22 @@ func (m *xdpaggMode) cpu() float64      { return 0 }
 func (m *xdpaggMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, float64(len(out))*math.Ldexp(1, -25), 0x1p-23)
 }
-func (m *xdpaggMode) note() string { return workerNote(m.bed.Workers[0]) }
-func (m *xdpaggMode) close() error { return m.bed.Close() }
+func (m *xdpaggMode) note() string             { return workerNote(m.bed.Workers[0]) }
+func (m *xdpaggMode) close() error             { return m.bed.Close() }
+func (m *xdpaggMode) topology() *topo.Topology { return m.bed.Topo }
+
+// switchCPU sums the run time of the switch's programs (ports and devmap egress).
+func (m *xdpaggMode) switchCPU() (float64, error) {
+	var sum time.Duration
+	for _, p := range []*ebpf.Program{m.bed.Switch.Objects.XdpaggSwitch, m.bed.Switch.Objects.XdpaggEgress} {
+		st, err := p.Stats()
+		if err != nil {
+			return 0, fmt.Errorf("switch program statistics: %w", err)
+		}
+		sum += st.Runtime
+	}
+	return sum.Seconds(), nil
+}
 
 // psMode: workers send to hostlib's PS in user space (Direct: it answers every worker itself),
 // routed by the switch namespace's kernel.
@@ -632,9 +793,9 @@ type psMode struct {
 	workers []*hostlib.Worker
 }
 
-func newPSMode(opts Options, w int) (_ *psMode, err error) {
+func newPSMode(opts Options, w int, rate uint64) (_ *psMode, err error) {
 	m := &psMode{}
-	if m.topo, err = plainTopology(opts, w, true); err != nil {
+	if m.topo, err = plainTopology(opts, w, true, rate); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -655,11 +816,13 @@ func newPSMode(opts Options, w int) (_ *psMode, err error) {
 	m.cancel, m.done = cancel, make(chan error, 1)
 	go func() { m.done <- m.srv.Serve(ctx) }()
 	values := valuesPerPacket(opts)
+	// The PS's link carries every worker's window.
+	timeout := retransmitTimeout(rate, w*workerWindow(opts), opts.MTU)
 	for i, h := range m.topo.Workers {
 		err := m.topo.InHost(h, func() error {
 			wk, err := hostlib.NewWorker(hostlib.WorkerConfig{JobID: 2, WorkerID: uint8(i),
 				NumWorkers: uint8(w), Local: netip.AddrPortFrom(h.IP, psWorkerPort),
-				PS: addr, PoolSize: 4096, Window: opts.Window, ValuesPerPacket: values})
+				PS: addr, PoolSize: 4096, Window: opts.Window, ValuesPerPacket: values, Timeout: timeout})
 			if err != nil {
 				return err
 			}
@@ -682,7 +845,8 @@ func (m *psMode) cpu() float64      { return 0 }
 func (m *psMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, float64(len(out))*math.Ldexp(1, -25), 0x1p-23)
 }
-func (m *psMode) note() string { return workerNote(m.workers[0]) }
+func (m *psMode) note() string             { return workerNote(m.workers[0]) }
+func (m *psMode) topology() *topo.Topology { return m.topo }
 func (m *psMode) close() error {
 	var errs []error
 	for _, w := range m.workers {
@@ -706,9 +870,9 @@ type ringMode struct {
 	rings []*hostlib.Ring
 }
 
-func newRingMode(opts Options, w int) (_ *ringMode, err error) {
+func newRingMode(opts Options, w int, rate uint64) (_ *ringMode, err error) {
 	m := &ringMode{}
-	if m.topo, err = plainTopology(opts, w, false); err != nil {
+	if m.topo, err = plainTopology(opts, w, false, rate); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -723,7 +887,8 @@ func newRingMode(opts Options, w int) (_ *ringMode, err error) {
 	values := valuesPerPacket(opts)
 	for i, h := range m.topo.Workers {
 		err := m.topo.InHost(h, func() error {
-			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers, ValuesPerPacket: values})
+			r, err := hostlib.NewRing(hostlib.RingConfig{Rank: i, Peers: peers, ValuesPerPacket: values,
+				Timeout: retransmitTimeout(rate, hostlib.DefaultRingWindow, opts.MTU)})
 			if err != nil {
 				return err
 			}
@@ -746,7 +911,8 @@ func (m *ringMode) cpu() float64      { return 0 }
 func (m *ringMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, 1e-6*float64(len(out)), 1e-6)
 }
-func (m *ringMode) note() string { return "" }
+func (m *ringMode) note() string             { return "" }
+func (m *ringMode) topology() *topo.Topology { return m.topo }
 func (m *ringMode) close() error {
 	var errs []error
 	for _, r := range m.rings {
@@ -765,9 +931,9 @@ type glooMode struct {
 	g    *gloo.Group
 }
 
-func newGlooMode(ctx context.Context, opts Options, w int) (_ *glooMode, err error) {
+func newGlooMode(ctx context.Context, opts Options, w int, rate uint64) (_ *glooMode, err error) {
 	m := &glooMode{}
-	if m.topo, err = plainTopology(opts, w, false); err != nil {
+	if m.topo, err = plainTopology(opts, w, false, rate); err != nil {
 		return nil, err
 	}
 	if m.g, err = gloo.Start(ctx, m.topo, gloo.Options{Python: opts.Python}); err != nil {
@@ -795,11 +961,32 @@ func (m *glooMode) cpu() float64 {
 func (m *glooMode) verify(out [][]float32, _ []float64) error {
 	return m.g.Check(context.Background(), len(out[0]))
 }
-func (m *glooMode) note() string { return "torch " + m.g.TorchVersion() }
+func (m *glooMode) note() string             { return "torch " + m.g.TorchVersion() }
+func (m *glooMode) topology() *topo.Topology { return m.topo }
 
 // close stops the ranks (they quit, or are killed after a grace period) and waits for them to
 // exit before the topology goes.
 func (m *glooMode) close() error { return errors.Join(m.g.Close(), m.topo.Close()) }
+
+// retransmitTimeout is the first retransmit timeout of a UDP mode on links shaped to rate
+// bits/s whose busiest link queues up to inflight packets of the MTU: hostlib's default plus
+// twice the time that link takes to drain them, so that queueing on a slow link is not taken
+// for loss (as one would configure on such a link). 0 (hostlib's default) when unshaped.
+func retransmitTimeout(rate uint64, inflight, mtu int) time.Duration {
+	if rate == 0 {
+		return 0
+	}
+	bits := float64(inflight) * float64(mtu+14) * 8 // Ethernet header: HTB counts it
+	return hostlib.DefaultTimeout + 2*time.Duration(bits/float64(rate)*float64(time.Second))
+}
+
+// workerWindow is the window of the xdpagg and ps workers.
+func workerWindow(o Options) int {
+	if o.Window > 0 {
+		return o.Window
+	}
+	return hostlib.DefaultWindow
+}
 
 // valuesPerPacket is what the topology's MTU lets a UDP mode's packet carry.
 func valuesPerPacket(o Options) int {
@@ -823,4 +1010,55 @@ func parallel(ctx context.Context, n int, fn func(ctx context.Context, i int) er
 		}
 	}
 	return time.Since(start), errors.Join(all...)
+}
+
+// ParseLinkRates reads a comma-separated list of link rates in tc's units: "none" (or 0) for
+// unshaped, else a number with bit, kbit, mbit, gbit or tbit (decimal: 1gbit = 10^9 bit/s).
+func ParseLinkRates(list string) ([]uint64, error) {
+	var out []uint64
+	for _, f := range strings.Split(list, ",") {
+		f = strings.ToLower(strings.TrimSpace(f))
+		if f == "" {
+			continue
+		}
+		if f == "none" || f == "0" {
+			out = append(out, 0)
+			continue
+		}
+		mult, num := 0.0, f
+		for _, u := range []struct {
+			suf string
+			m   float64
+		}{{"tbit", 1e12}, {"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
+			if strings.HasSuffix(f, u.suf) {
+				mult, num = u.m, strings.TrimSuffix(f, u.suf)
+				break
+			}
+		}
+		v, err := strconv.ParseFloat(num, 64)
+		if mult == 0 || err != nil || !(v > 0) || v*mult > math.MaxUint64/2 {
+			return nil, fmt.Errorf("%w: link rate %q: use none or a rate like 100mbit, 1gbit, 2.5gbit", ErrConfig, f)
+		}
+		out = append(out, uint64(math.Round(v*mult)))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no link rate in %q: use none or a rate like 1gbit", ErrConfig, list)
+	}
+	return out, nil
+}
+
+// FormatRate writes a link rate in tc's units ("none" for 0).
+func FormatRate(r uint64) string {
+	if r == 0 {
+		return "none"
+	}
+	for _, u := range []struct {
+		suf string
+		m   uint64
+	}{{"tbit", 1e12}, {"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}} {
+		if r >= u.m {
+			return strconv.FormatFloat(float64(r)/float64(u.m), 'g', 4, 64) + u.suf
+		}
+	}
+	return strconv.FormatUint(r, 10) + "bit"
 }

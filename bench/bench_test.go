@@ -35,6 +35,15 @@ func TestEveryModeSumsCorrectly(t *testing.T) {
 	if len(rep.Ratios) == 0 {
 		t.Error("no ratios")
 	}
+	// The CPU split is there for every mode that has one (its size is not checked: a figure).
+	for _, c := range rep.Cells {
+		switch {
+		case c.WorkerCPUPerGB == nil:
+			t.Errorf("%s W=%d %dB: no worker-side CPU", c.Mode, c.Workers, c.Bytes)
+		case c.Mode == ModeXdpagg && c.SwitchCPUPerGB == nil:
+			t.Errorf("xdpagg W=%d %dB: no switch-side CPU (notes: %v)", c.Workers, c.Bytes, rep.Notes)
+		}
+	}
 	for _, m := range AllModes {
 		if rep.Environments[m] == "" {
 			t.Errorf("no environment reported for %s", m)
@@ -81,6 +90,7 @@ func TestOptionsValidate(t *testing.T) {
 		"size":    {Bytes: []int{6}},
 		"workers": {Workers: []int{1}},
 		"mtu":     {MTU: 9000},
+		"rate":    {LinkRates: []uint64{1000}},
 	} {
 		if err := o.withDefaults().Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)

@@ -26,31 +26,55 @@ func (r *Report) Table(w io.Writer) {
 			fmt.Fprintf(w, "  %-6s runs on %s\n", m, e)
 		}
 	}
+	if r.LinkShaping != "" {
+		fmt.Fprintf(w, "  link rates (column \"link\"): %s\n", r.LinkShaping)
+	}
+	fmt.Fprintln(w, "  CPU s/GB: the mode's own CPU per GB reduced per worker, split into the workers' and the switch's side:")
+	for _, m := range AllModes {
+		if e, ok := r.CPUSplit[m]; ok {
+			fmt.Fprintf(w, "    %-6s %s\n", m, e)
+		}
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tW\tsize\tmedian ms\tp10 ms\tp90 ms\telements/s\talgbw GB/s\tCPU s/GB\tverified\t")
+	fmt.Fprintln(tw, "mode\tW\tsize\tlink\tmedian ms\tp10 ms\tp90 ms\telements/s\talgbw GB/s\tCPU s/GB\tworker\tswitch\tverified\t")
 	for _, c := range r.Cells {
 		if c.Error != "" {
-			fmt.Fprintf(tw, "%s\t%d\t%s\tFAILED: %s\t\t\t\t\t\t\t\n", c.Mode, c.Workers, humanBytes(c.Bytes), c.Error)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\tFAILED: %s\t\t\t\t\t\t\t\t\t\n", c.Mode, c.Workers, humanBytes(c.Bytes), FormatRate(c.LinkRate), c.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.3g\t%.3f\t%.2f\t%v\t\n", c.Mode, c.Workers, humanBytes(c.Bytes),
-			1e3*c.Median, 1e3*c.P10, 1e3*c.P90, c.ElementsPerSec, c.AlgBWGBps, c.CPUSecPerGB, c.Verified)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3g\t%.3f\t%.2f\t%s\t%s\t%v\t\n", c.Mode, c.Workers, humanBytes(c.Bytes),
+			FormatRate(c.LinkRate), 1e3*c.Median, 1e3*c.P10, 1e3*c.P90, c.ElementsPerSec, c.AlgBWGBps, c.CPUSecPerGB,
+			optional(c.WorkerCPUPerGB), optional(c.SwitchCPUPerGB), c.Verified)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "\nxdpagg speed-up over each mode (time(other)/time(xdpagg) over paired rounds; >1: xdpagg faster)")
+	fmt.Fprintln(w, "\nxdpagg speed-up over each mode (time(other)/time(xdpagg) over paired rounds; >1: xdpagg faster);")
+	fmt.Fprintln(w, "on shaped links, the link-bound theory (ring, gloo: 2(W-1)/W; ps: W) and the median's distance from it")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "vs\tW\tsize\tmedian\tp10\tp90\t")
+	fmt.Fprintln(tw, "vs\tW\tsize\tlink\tmedian\tp10\tp90\ttheory\tvs theory\t")
 	for _, x := range r.Ratios {
 		if x.Mode != ModeXdpagg {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2fx\t%.2fx\t%.2fx\t\n", x.Other, x.Workers, humanBytes(x.Bytes), x.Median, x.P10, x.P90)
+		th, from := "", ""
+		if x.Theory > 0 {
+			th, from = fmt.Sprintf("%.2fx", x.Theory), fmt.Sprintf("%+.0f%%", 100*x.FromTheory)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.2fx\t%.2fx\t%.2fx\t%s\t%s\t\n", x.Other, x.Workers, humanBytes(x.Bytes),
+			FormatRate(x.LinkRate), x.Median, x.P10, x.P90, th, from)
 	}
 	tw.Flush()
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
+}
+
+// optional formats a figure that may be absent ("-").
+func optional(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
 }
 
 var modeColors = map[string]color.Color{
@@ -61,10 +85,24 @@ var modeColors = map[string]color.Color{
 }
 
 // Plot writes a PNG with two panels: aggregated elements/s against tensor size (at the W closest
-// to 4) and against W (at the size closest to 4 MiB).
+// to 4) and against W (at the size closest to 4 MiB), of the unshaped cells (or, without any, of
+// the lowest link rate's).
 func (r *Report) Plot(path string) error {
 	var ws, sizes []int
+	var rates []uint64
 	for _, c := range r.Cells {
+		if !slices.Contains(rates, c.LinkRate) {
+			rates = append(rates, c.LinkRate)
+		}
+	}
+	if len(rates) == 0 {
+		return fmt.Errorf("plot: no measurements")
+	}
+	rate := slices.Min(rates)
+	for _, c := range r.Cells {
+		if c.LinkRate != rate {
+			continue
+		}
 		if !slices.Contains(ws, c.Workers) {
 			ws = append(ws, c.Workers)
 		}
@@ -81,13 +119,17 @@ func (r *Report) Plot(path string) error {
 	pickB := closest(sizes, 4<<20)
 
 	bySize := plot.New()
-	bySize.Title.Text = fmt.Sprintf("allreduce throughput vs size (W=%d)", pickW)
+	link := ""
+	if rate != 0 {
+		link = ", links " + FormatRate(rate)
+	}
+	bySize.Title.Text = fmt.Sprintf("allreduce throughput vs size (W=%d%s)", pickW, link)
 	bySize.X.Label.Text = "tensor size (bytes, log)"
 	bySize.Y.Label.Text = "aggregated elements/s (log)"
 	bySize.X.Scale, bySize.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	bySize.X.Tick.Marker, bySize.Y.Tick.Marker = logTicks{}, logTicks{}
 	byW := plot.New()
-	byW.Title.Text = fmt.Sprintf("allreduce throughput vs workers (%s)", humanBytes(pickB))
+	byW.Title.Text = fmt.Sprintf("allreduce throughput vs workers (%s%s)", humanBytes(pickB), link)
 	byW.X.Label.Text = "workers"
 	byW.Y.Label.Text = "aggregated elements/s"
 	for _, p := range []*plot.Plot{bySize, byW} {
@@ -98,7 +140,7 @@ func (r *Report) Plot(path string) error {
 	for _, m := range AllModes {
 		var s, w plotter.XYs
 		for _, c := range r.Cells {
-			if c.Mode != m || c.ElementsPerSec == 0 {
+			if c.Mode != m || c.ElementsPerSec == 0 || c.LinkRate != rate {
 				continue
 			}
 			if c.Workers == pickW {

@@ -30,7 +30,7 @@ func TestMeasure(t *testing.T) {
 
 	for name, v := range map[string]float64{
 		"AggPPS": r.AggPPS, "AggElementsPerSec": r.AggElementsPerSec, "TxPPS": r.TxPPS,
-		"GenTxPPS": r.GenTxPPS, "HostRxPPS": r.HostRxPPS,
+		"GenTxPPS": r.GenTxPPS, "HostRxPPS": r.HostRxPPS, "CeilingPPS": r.CeilingPPS,
 	} {
 		if !(v > 0) {
 			t.Errorf("%s = %v, want > 0", name, v)
@@ -38,6 +38,13 @@ func TestMeasure(t *testing.T) {
 	}
 	if !(r.Ratio > 0 && r.Ratio < 10) {
 		t.Errorf("Ratio = %v, want in (0, 10)", r.Ratio)
+	}
+	// The fraction of the ceiling is a report (timing never decides a test): only its definition.
+	if got, want := r.OfCeiling, r.AggPPS/r.CeilingPPS; got != want {
+		t.Errorf("OfCeiling = %v, want AggPPS / CeilingPPS = %v", got, want)
+	}
+	if got, want := r.CeilingElementsPerSec, r.CeilingPPS*float64(r.Options.Values); got != want {
+		t.Errorf("CeilingElementsPerSec = %v, want CeilingPPS * Values = %v", got, want)
 	}
 	if got, want := r.AggElementsPerSec, r.AggPPS*float64(r.Options.Values); got != want {
 		t.Errorf("AggElementsPerSec = %v, want AggPPS * Values = %v", got, want)

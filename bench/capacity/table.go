@@ -19,9 +19,11 @@ func (r Result) Table(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "live frames, one core\tpackets/s\telements/s\t\n")
 	fmt.Fprintf(tw, "xdpagg_switch, aggregation mix\t%s\t%s\t\n", si(r.AggPPS), si(r.AggElementsPerSec))
+	fmt.Fprintf(tw, "payload-copy ceiling (xdp_copy)\t%s\t%s\t\n", si(r.CeilingPPS), si(r.CeilingElementsPerSec))
 	fmt.Fprintf(tw, "bare XDP_TX\t%s\t\t\n", si(r.TxPPS))
 	fmt.Fprintf(tw, "generator + XDP_TX\t%s\t\t\n", si(r.GenTxPPS))
 	fmt.Fprintf(tw, "results delivered to hosts\t%s\t\t\n", si(r.HostRxPPS))
+	fmt.Fprintf(tw, "aggregation / ceiling (target >= 0.7)\t%.3f\t\t\n", r.OfCeiling)
 	fmt.Fprintf(tw, "ratio switch / XDP_TX\t%.3f\t\t\n", r.Ratio)
 	tw.Flush()
 

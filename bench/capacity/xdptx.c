@@ -12,6 +12,15 @@
  *             without this every repeat after the first would be a duplicate.
  *   xdp_sink  on the hosts' side of the veths: counts and drops what the switch transmits (the
  *             "wire"); a veth only delivers XDP_TX/XDP_REDIRECT frames when its peer runs XDP.
+ *   xdp_copy  the honest ceiling of the switch: behind xdp_gen, it does what the aggregation mix
+ *             does with the bytes and the copies, without aggregating. It loads every value of
+ *             the packet and stores it back (the full chunks in place, the partial last chunk
+ *             through a per-CPU scratch with bpf_xdp_load_bytes/store_bytes, as the switch's
+ *             adder does), then drops the packet, except the last contributor of each fragment
+ *             (worker_id == fan_in0 - 1, one in fan_in0 of the generator's packets, exactly the
+ *             ones the switch completes), which it rewrites into a RESULT and broadcasts through
+ *             the switch's own `ports` devmap, so xdpagg_egress rewrites every copy as it does
+ *             for a real result. No parsing beyond fixed offsets, no slot, no lock, no state.
  */
 #include <linux/bpf.h>
 #include <bpf_helpers.h>
@@ -87,6 +96,140 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } sink_count SEC(".maps");
+
+/* The switch's broadcast ports: at load time Go replaces this with the switch's own `ports` map
+ * (same definition as bpf/maps.h: key ifindex, u32 host order; value struct bpf_devmap_val with
+ * xdpagg_egress as the per-port program), so xdp_copy's copies take the switch's egress path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, 64); /* bpf/maps.h XAGG_MAX_PORTS; Go sets the switch map's own before loading */
+	__type(key, __u32);
+	__type(value, struct bpf_devmap_val);
+} ports SEC(".maps");
+
+/* What xdp_copy did, per CPU (XdptxCopyStats in Go): the mix check compares it with the
+ * generator's packets and the switch's egress counter. */
+struct copy_stats {
+	__u64 packets;    /* packets whose values were loaded and stored back */
+	__u64 broadcasts; /* of them, rewritten into a RESULT and broadcast */
+	__u64 fold;       /* XOR of every 64-bit word loaded: a use of the loads the compiler cannot drop */
+	__u64 errors;     /* frames too short for their count, or a refused redirect */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct copy_stats);
+} copy_stats SEC(".maps");
+
+/* The partial last chunk of values, as the switch's `scratch_buf` holds it, per CPU. */
+struct copy_scratch {
+	__u64 words[XAGG_CHUNK / 2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct copy_scratch);
+} copy_scratch SEC(".maps");
+
+#define COPY_CHUNK_WORDS (XAGG_CHUNK / 2)
+#define COPY_CHUNK_BYTES (XAGG_CHUNK * 4)
+#define COPY_MAX_CHUNKS (XAGG_MAX_VALUES / XAGG_CHUNK)
+
+/* Load every word of the first nfull chunks and store it back, the switch adder's access pattern
+ * (one bounds check per chunk, a fixed-trip inner body). volatile makes each load and store
+ * real; the fold uses the loads besides. */
+static __noinline __u64 touch_chunks(void *pv0, void *end, __u32 nfull)
+{
+	__u64 fold = 0;
+	for (__u32 c = 0; c < COPY_MAX_CHUNKS; c++) {
+		if (c >= nfull)
+			break;
+		volatile __u64 *pv = pv0 + c * COPY_CHUNK_BYTES;
+		if ((void *)(pv + COPY_CHUNK_WORDS) > end)
+			break;
+#pragma unroll
+		for (__u32 j = 0; j < COPY_CHUNK_WORDS; j++) {
+			__u64 v = pv[j];
+			fold ^= v;
+			pv[j] = v;
+		}
+	}
+	return fold;
+}
+
+SEC("xdp")
+int xdp_copy(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	struct copy_stats *st = bpf_map_lookup_elem(&copy_stats, &zero);
+	struct copy_scratch *sc = bpf_map_lookup_elem(&copy_scratch, &zero);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	if (!st || !sc)
+		return XDP_ABORTED;
+	if (data + OFF_VALS > end) {
+		st->errors++;
+		return XDP_DROP;
+	}
+	struct hdr *h = data + OFF_HDR;
+	__u32 n = h->count;
+	if (n == 0 || n > XAGG_MAX_VALUES || data + OFF_VALS + (__u64)n * 4 > end) {
+		st->errors++;
+		return XDP_DROP;
+	}
+	__u32 nfull = n / XAGG_CHUNK;
+	__u32 ntail = n % XAGG_CHUNK;
+	__u64 fold = touch_chunks(data + OFF_VALS, end, nfull);
+	if (ntail) {
+		/* Two separate checks on an opaque 64-bit length, as in the switch: the verifier must
+		 * see both bounds on the register passed to the helpers. */
+		__u64 len = (__u64)ntail * 4;
+		__u64 off = OFF_VALS + (__u64)nfull * COPY_CHUNK_BYTES;
+		asm volatile("" : "+r"(len));
+		if (len == 0)
+			return XDP_ABORTED;
+		asm volatile("" : "+r"(len));
+		if (len >= sizeof(sc->words))
+			return XDP_ABORTED;
+		if (bpf_xdp_load_bytes(ctx, off, sc->words, len))
+			return XDP_ABORTED;
+		volatile __u64 *t = sc->words;
+#pragma unroll
+		for (__u32 j = 0; j < COPY_CHUNK_WORDS; j++)
+			fold ^= t[j];
+		if (bpf_xdp_store_bytes(ctx, off, sc->words, len))
+			return XDP_ABORTED;
+	}
+	st->fold ^= fold;
+	st->packets++;
+
+	/* store_bytes may move packet data: fresh pointers and checks. */
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + OFF_VALS > end)
+		return XDP_ABORTED;
+	h = data + OFF_HDR;
+	if ((__u32)h->worker_id + 1 != h->fan_in0)
+		return XDP_DROP; /* consumed, as a contribution that does not complete */
+
+	/* The completing contribution: rewritten into the result header and broadcast. */
+	struct udphdr *udp = data + sizeof(struct ethhdr) + sizeof(struct iphdr);
+	h->type = MSG_RESULT;
+	h->flags |= F_FROM_SWITCH;
+	h->bitmap0 = h->fan_in0 >= 32 ? 0xffffffffu : (1u << h->fan_in0) - 1;
+	udp->check = 0;
+	long r = bpf_redirect_map(&ports, 0, BPF_F_BROADCAST);
+	if (r != XDP_REDIRECT) {
+		st->errors++;
+		return (int)r;
+	}
+	st->broadcasts++;
+	return XDP_REDIRECT;
+}
 
 SEC("xdp")
 int xdp_tx(struct xdp_md *ctx)

@@ -13,6 +13,28 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type XdptxBpfDevmapVal struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	BpfProg struct {
+		_  structs.HostLayout
+		Fd int32
+	}
+}
+
+type XdptxCopyScratch struct {
+	_     structs.HostLayout
+	Words [16]uint64
+}
+
+type XdptxCopyStats struct {
+	_          structs.HostLayout
+	Packets    uint64
+	Broadcasts uint64
+	Fold       uint64
+	Errors     uint64
+}
+
 type XdptxGenCfg struct {
 	_       structs.HostLayout
 	Tmpl    [80]uint8
@@ -40,13 +62,17 @@ type XdptxGenState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	XdptxMapGenCfg    = "gen_cfg"
-	XdptxMapGenState  = "gen_state"
-	XdptxMapNext      = "next"
-	XdptxMapSinkCount = "sink_count"
-	XdptxProgXdpGen   = "xdp_gen"
-	XdptxProgXdpSink  = "xdp_sink"
-	XdptxProgXdpTx    = "xdp_tx"
+	XdptxMapCopyScratch = "copy_scratch"
+	XdptxMapCopyStats   = "copy_stats"
+	XdptxMapGenCfg      = "gen_cfg"
+	XdptxMapGenState    = "gen_state"
+	XdptxMapNext        = "next"
+	XdptxMapPorts       = "ports"
+	XdptxMapSinkCount   = "sink_count"
+	XdptxProgXdpCopy    = "xdp_copy"
+	XdptxProgXdpGen     = "xdp_gen"
+	XdptxProgXdpSink    = "xdp_sink"
+	XdptxProgXdpTx      = "xdp_tx"
 )
 
 // LoadXdptx returns the embedded CollectionSpec for Xdptx.
@@ -91,6 +117,7 @@ type XdptxSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdptxProgramSpecs struct {
+	XdpCopy *ebpf.ProgramSpec `ebpf:"xdp_copy"`
 	XdpGen  *ebpf.ProgramSpec `ebpf:"xdp_gen"`
 	XdpSink *ebpf.ProgramSpec `ebpf:"xdp_sink"`
 	XdpTx   *ebpf.ProgramSpec `ebpf:"xdp_tx"`
@@ -100,10 +127,13 @@ type XdptxProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XdptxMapSpecs struct {
-	GenCfg    *ebpf.MapSpec `ebpf:"gen_cfg"`
-	GenState  *ebpf.MapSpec `ebpf:"gen_state"`
-	Next      *ebpf.MapSpec `ebpf:"next"`
-	SinkCount *ebpf.MapSpec `ebpf:"sink_count"`
+	CopyScratch *ebpf.MapSpec `ebpf:"copy_scratch"`
+	CopyStats   *ebpf.MapSpec `ebpf:"copy_stats"`
+	GenCfg      *ebpf.MapSpec `ebpf:"gen_cfg"`
+	GenState    *ebpf.MapSpec `ebpf:"gen_state"`
+	Next        *ebpf.MapSpec `ebpf:"next"`
+	Ports       *ebpf.MapSpec `ebpf:"ports"`
+	SinkCount   *ebpf.MapSpec `ebpf:"sink_count"`
 }
 
 // XdptxVariableSpecs contains global variables before they are loaded into the kernel.
@@ -132,17 +162,23 @@ func (o *XdptxObjects) Close() error {
 //
 // It can be passed to LoadXdptxObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdptxMaps struct {
-	GenCfg    *ebpf.Map `ebpf:"gen_cfg"`
-	GenState  *ebpf.Map `ebpf:"gen_state"`
-	Next      *ebpf.Map `ebpf:"next"`
-	SinkCount *ebpf.Map `ebpf:"sink_count"`
+	CopyScratch *ebpf.Map `ebpf:"copy_scratch"`
+	CopyStats   *ebpf.Map `ebpf:"copy_stats"`
+	GenCfg      *ebpf.Map `ebpf:"gen_cfg"`
+	GenState    *ebpf.Map `ebpf:"gen_state"`
+	Next        *ebpf.Map `ebpf:"next"`
+	Ports       *ebpf.Map `ebpf:"ports"`
+	SinkCount   *ebpf.Map `ebpf:"sink_count"`
 }
 
 func (m *XdptxMaps) Close() error {
 	return _XdptxClose(
+		m.CopyScratch,
+		m.CopyStats,
 		m.GenCfg,
 		m.GenState,
 		m.Next,
+		m.Ports,
 		m.SinkCount,
 	)
 }
@@ -157,6 +193,7 @@ type XdptxVariables struct {
 //
 // It can be passed to LoadXdptxObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XdptxPrograms struct {
+	XdpCopy *ebpf.Program `ebpf:"xdp_copy"`
 	XdpGen  *ebpf.Program `ebpf:"xdp_gen"`
 	XdpSink *ebpf.Program `ebpf:"xdp_sink"`
 	XdpTx   *ebpf.Program `ebpf:"xdp_tx"`
@@ -164,6 +201,7 @@ type XdptxPrograms struct {
 
 func (p *XdptxPrograms) Close() error {
 	return _XdptxClose(
+		p.XdpCopy,
 		p.XdpGen,
 		p.XdpSink,
 		p.XdpTx,

@@ -39,12 +39,13 @@ func runBench(args []string, stdout io.Writer) error {
 		python  = fs.String("python", "/usr/bin/python3", "Python with torch for the gloo mode")
 		out     = fs.String("out", "bench-out", "directory for bench.json and bench.png")
 		asJSON  = fs.Bool("json", false, "print the JSON report instead of the table")
-		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames vs bare XDP_TX) instead of the modes")
+		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames, against its payload-copy ceiling and bare XDP_TX) instead of the modes")
 		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
 		lossOne = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
 		pairs   = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
 		quiet   = fs.Bool("quiet", false, "no progress line")
 		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
+		rates   = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
 		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
 
 		sparseMode = fs.Bool("sparse", false, "run the sparse benchmark instead (Zebra Figs. 6, 9, 10 on a recorded trace; --workers applies)")
@@ -63,6 +64,9 @@ func runBench(args []string, stdout io.Writer) error {
 	}
 	opts.Modes = splitList(*modes)
 	var err error
+	if opts.LinkRates, err = bench.ParseLinkRates(*rates); err != nil {
+		return fmt.Errorf("%w: --link-rate: %w", errUsage, err)
+	}
 	if opts.Bytes, err = parseSizes(*sizes); err != nil {
 		return err
 	}

@@ -122,6 +122,7 @@ type Topology struct {
 	nlHandles  map[string]*netlink.Handle
 	ports      []nsLink // veths created in the switch namespaces
 	xdpLinks   []link.Link
+	shaped     []string // host namespaces where ShapeLinks made an ifb
 }
 
 // nsLink is a link by namespace and name.
@@ -217,6 +218,25 @@ func (t *Topology) Close() error {
 		}
 	}
 	t.ports = nil
+	// The ifbs too: like the veths, they would live on in a namespace something still holds.
+	for _, ns := range t.shaped {
+		h := t.nlHandles[ns]
+		if h == nil {
+			continue
+		}
+		l, err := h.LinkByName(ShapeIfb)
+		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if !errors.As(err, &nf) {
+				errs = append(errs, fmt.Errorf("find %s in %s: %w", ShapeIfb, ns, err))
+			}
+			continue
+		}
+		if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("delete %s in %s: %w", ShapeIfb, ns, err))
+		}
+	}
+	t.shaped = nil
 	for name, h := range t.nlHandles {
 		h.Close()
 		delete(t.nlHandles, name)
