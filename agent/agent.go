@@ -1,5 +1,9 @@
-// Package agent is the switch-CPU daemon: it loads and attaches the XDP switch, pins its maps for
-// other processes, answers control messages, exports metrics, and tears everything down on exit.
+// Package agent is the switch-CPU daemon: it loads and attaches the XDP switch (or takes over the
+// datapath a killed agent left pinned), pins its maps for other processes, answers authenticated
+// control messages (iSwitch's Join, Leave, Reset, SetH, FBcast, Help, Halt, Ack) and the
+// controller's heartbeats, keeps the retransmit cache, serves the controller's management channel
+// (Manager: admit, reset, remove, snapshot, restore, drain), exports metrics, and tears everything
+// down on a clean exit.
 package agent
 
 import (

@@ -31,15 +31,8 @@ func helpAnswer(t *testing.T, key []byte, res wire.Header, worker uint8, total, 
 // readRaw reads one datagram from the worker's socket.
 func (w *worker) readRaw(t *testing.T) []byte {
 	t.Helper()
-	if err := w.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4096)
-	n, _, err := w.conn.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("read: %v", err)
-	}
-	return buf[:n]
+	b, _ := w.read(t, "datagram")
+	return b
 }
 
 // TestHandleHelp: a Help request (RETRANSMIT) the cache cannot answer is passed on to the job's

@@ -90,15 +90,16 @@ func (g *Manager) portName(ifindex uint32) string {
 	return ""
 }
 
-// Admit admits a job (maps.AddJob) with its PS behind the port of that name. Admitting a job
-// again with the same key and parameters succeeds (the controller retries); another key or other
-// parameters are refused.
+// Admit admits a job (maps.AddJob) with its PS behind the port of that name and its threshold H
+// (0: synchronous). Admitting a job again with the same key and parameters succeeds (the
+// controller retries); another key or other parameters are refused. H is not compared: it is
+// run-time state (MSG_SETH changes it), so a job admitted again keeps the H it has here.
 func (g *Manager) Admit(j mgmt.Job) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	_, err := g.admit(j)
 	if err == nil {
-		g.log.Info("job admitted by the controller", "job", j.ID, "workers", j.Workers, "ps", j.PS, "ps_port", j.PSPort, "reg_arrays", j.RegArrays)
+		g.log.Info("job admitted by the controller", "job", j.ID, "workers", j.Workers, "threshold", j.Threshold, "ps", j.PS, "ps_port", j.PSPort, "reg_arrays", j.RegArrays)
 	}
 	return err
 }
@@ -108,9 +109,6 @@ func (g *Manager) admit(j mgmt.Job) (fresh bool, err error) {
 	if len(j.Key) != maps.KeySize {
 		return false, fmt.Errorf("%w: job %d: key of %d bytes, want %d", mgmt.ErrRefused, j.ID, len(j.Key), maps.KeySize)
 	}
-	if j.Threshold != 0 && j.Threshold != j.Workers {
-		return false, fmt.Errorf("%w: job %d: threshold %d: asynchronous aggregation is reserved (0 or the worker count)", mgmt.ErrRefused, j.ID, j.Threshold)
-	}
 	p, ok := g.portByName(j.PSPort)
 	if !ok {
 		return false, fmt.Errorf("%w: job %d: no port named %q for its PS", mgmt.ErrIncompatible, j.ID, j.PSPort)
@@ -119,7 +117,7 @@ func (g *Manager) admit(j mgmt.Job) (fresh bool, err error) {
 	if quota == 0 {
 		quota = maps.DefaultMaxSlots(g.maps.PoolSize())
 	}
-	mj := maps.Job{JobID: j.ID, PS: j.PS, PSIfindex: uint32(p.Ifindex), Workers: j.Workers, MaxSlots: quota, RegArrays: j.RegArrays}
+	mj := maps.Job{JobID: j.ID, PS: j.PS, PSIfindex: uint32(p.Ifindex), Workers: j.Workers, MaxSlots: quota, RegArrays: j.RegArrays, Threshold: j.Threshold}
 	err = g.maps.AddJob(mj, j.Key)
 	switch {
 	case err == nil:
@@ -246,7 +244,7 @@ func (g *Manager) Snapshot(scope mgmt.Scope) (*mgmt.Snapshot, error) {
 			return nil, err
 		}
 		s.Jobs = append(s.Jobs, mgmt.Job{ID: j.JobID, Workers: j.Workers, PS: j.PS, PSPort: g.portName(j.PSIfindex),
-			MaxSlots: j.MaxSlots, RegArrays: j.RegArrays, Key: key})
+			MaxSlots: j.MaxSlots, RegArrays: j.RegArrays, Threshold: j.Threshold, Key: key})
 	}
 	ms, err := g.maps.ListMembers()
 	if err != nil {
@@ -338,14 +336,15 @@ func (g *Manager) snapshotSparse(s *mgmt.Snapshot, j maps.Job) error {
 }
 
 // Restore writes another switch's snapshot here: its jobs are admitted (or found admitted with
-// the same key and parameters), its members bound behind the ports of the same names (worker ids
-// bound here already keep their bindings), its slots
-// written into the same indexes where those are free here (ages kept: their timestamps are
-// rebased on this switch's datapath clock), sparse registers and records where the job has
-// none here yet (both iteration records empty), and cached results.
-// What belongs to a job admitted here with another key, and slots this switch uses, are skipped
-// and counted. A snapshot of another pool size or register array count, or naming a port this
-// switch does not have, is refused with mgmt.ErrIncompatible before anything is written.
+// the same key and parameters) and given the snapshot's threshold H (maps.SetThreshold, in place
+// as MSG_SETH does, so the job's held-slot count is kept), its members bound behind the ports of
+// the same names (worker ids bound here already keep their bindings), its slots written into the
+// same indexes where those are free here (ages kept: their timestamps are rebased on this
+// switch's datapath clock), sparse registers and records where the job has none here yet (both
+// iteration records empty), and cached results. What belongs to a job admitted here with another
+// key, and slots this switch uses, are skipped and counted. A snapshot of another pool size or
+// register array count, naming a port this switch does not have, or giving a job a threshold
+// beyond its workers, is refused with mgmt.ErrIncompatible before anything is written.
 //
 // Restore writes the jobs' slot counts (maps.AddHeld) assuming none of their traffic reaches this
 // switch yet: the controller restores before it moves the traffic.
@@ -359,6 +358,9 @@ func (g *Manager) Restore(s *mgmt.Snapshot) (mgmt.RestoreStats, error) {
 	for _, j := range s.Jobs {
 		if _, ok := g.portByName(j.PSPort); !ok {
 			return st, fmt.Errorf("%w: job %d's PS is behind port %q, which this switch does not have", mgmt.ErrIncompatible, j.ID, j.PSPort)
+		}
+		if j.Threshold > j.Workers || (j.Threshold != 0 && j.RegArrays > 0) {
+			return st, fmt.Errorf("%w: job %d: threshold %d for %d workers (sparse %v)", mgmt.ErrIncompatible, j.ID, j.Threshold, j.Workers, j.RegArrays > 0)
 		}
 	}
 	for _, mb := range s.Members {
@@ -380,6 +382,14 @@ func (g *Manager) Restore(s *mgmt.Snapshot) (mgmt.RestoreStats, error) {
 		have, err := g.maps.Admission(j.ID)
 		if err != nil {
 			return st, err
+		}
+		if have.Threshold != j.Threshold {
+			// The snapshot's H is the one its switch aggregated with last (MSG_SETH may have
+			// moved it since the admission).
+			if err := g.maps.SetThreshold(j.ID, j.Threshold); err != nil {
+				return st, err
+			}
+			have.Threshold = j.Threshold
 		}
 		ours[j.ID] = have
 		st.Jobs++

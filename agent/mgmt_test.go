@@ -114,6 +114,11 @@ func TestSnapshotRestore(t *testing.T) {
 			t.Fatalf("Admit(%d): %v", j.ID, err)
 		}
 	}
+	// The dense job's H moves from synchronous to 2 after its admission (as MSG_SETH moves it):
+	// the snapshot carries the H of now.
+	if err := ma.SetThreshold(denseJob, 2); err != nil {
+		t.Fatal(err)
+	}
 	// Workers 0 and 1 of the dense job behind p1 and p2, worker 0 of the hot job behind p1.
 	wmac := net.HardwareAddr{2, 0xbb, 0, 0, 0, 9}
 	for _, m := range []maps.Member{
@@ -175,6 +180,11 @@ func TestSnapshotRestore(t *testing.T) {
 	if len(snap.Jobs) != 2 || len(snap.Members) != 3 || len(snap.Slots) != 3 || len(snap.Sparse) != 5 || len(snap.Cache) != 1 {
 		t.Fatalf("snapshot: %d jobs, %d members, %d slots, %d sparse, %d cached; want 2, 3, 3, 5, 1", len(snap.Jobs), len(snap.Members), len(snap.Slots), len(snap.Sparse), len(snap.Cache))
 	}
+	for _, j := range snap.Jobs {
+		if want := map[uint32]uint8{denseJob: 2, hotJob: 0}[j.ID]; j.Threshold != want {
+			t.Errorf("snapshot of job %d: threshold %d, want %d", j.ID, j.Threshold, want)
+		}
+	}
 	for _, s := range snap.Slots {
 		if s.Idle < ages[s.Index] {
 			t.Errorf("slot %d idle %v, set %v ago", s.Index, s.Idle, ages[s.Index])
@@ -201,14 +211,15 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Errorf("restore stats %+v, want %+v", st, want)
 	}
 
-	// Jobs: same parameters and keys, PS behind the standby's p1/p2.
+	// Jobs: same parameters, H and keys, PS behind the standby's p1/p2.
+	dense.Threshold = 2
 	for _, j := range []mgmt.Job{dense, hot} {
 		got, err := mb.Admission(j.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		p, _ := b.g.portByName(j.PSPort)
-		if got.PS != j.PS || got.PSIfindex != uint32(p.Ifindex) || got.Workers != j.Workers || got.RegArrays != j.RegArrays {
+		if got.PS != j.PS || got.PSIfindex != uint32(p.Ifindex) || got.Workers != j.Workers || got.RegArrays != j.RegArrays || got.Threshold != j.Threshold {
 			t.Errorf("job %d on the standby: %+v", j.ID, got)
 		}
 		if k, _ := mb.JobKey(j.ID); !bytes.Equal(k, j.Key) {
@@ -328,6 +339,7 @@ func TestRestoreRefusals(t *testing.T) {
 		{"register arrays", func(s *mgmt.Snapshot) { s.Arrays-- }},
 		{"PS port name", func(s *mgmt.Snapshot) { s.Jobs[0].PSPort = "eth9" }},
 		{"member port name", func(s *mgmt.Snapshot) { s.Members[0].Port = "eth9" }},
+		{"threshold above workers", func(s *mgmt.Snapshot) { s.Jobs[0].Threshold = s.Jobs[0].Workers + 1 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := *snap
@@ -364,6 +376,52 @@ func TestRestoreRefusals(t *testing.T) {
 	}
 }
 
+// TestRestoreThreshold: a job admitted on both switches with the controller's H (3, synchronous)
+// whose H the primary's binding moved to 1 (MSG_SETH) has H 1 on the standby after a restore of
+// the primary's control snapshot (the controller's replica), set in place: the slot the standby
+// holds of the job stays counted.
+func TestRestoreThreshold(t *testing.T) {
+	a := newMgSwitch(t, "primary", 7)
+	b := newMgSwitch(t, "standby", 17)
+	j := mgmt.Job{ID: denseJob, Workers: 3, PS: netip.MustParseAddrPort("10.9.0.2:9510"), PSPort: "p1", Key: mgKey(t), Threshold: 3}
+	for _, s := range []*mgSwitch{a, b} {
+		if err := s.g.Admit(j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	putSlot(t, b.sw.Maps, 6, testSlot(denseJob, 9, bpf.XdpaggSlotStateSLOT_AGGREGATING, 1), 0)
+	if err := a.sw.Maps.SetThreshold(denseJob, 1); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := a.g.Snapshot(mgmt.ScopeControl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.g.Restore(snap); err != nil || st.Jobs != 1 {
+		t.Fatalf("Restore: %+v, %v", st, err)
+	}
+	got, err := b.sw.Maps.Admission(denseJob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Threshold != 1 || got.Held != 1 {
+		t.Errorf("standby after the restore: threshold %d, %d slots held; want 1 and 1", got.Threshold, got.Held)
+	}
+	// Back to synchronous (H 0) the same way.
+	if err := a.sw.Maps.SetThreshold(denseJob, 0); err != nil {
+		t.Fatal(err)
+	}
+	if snap, err = a.g.Snapshot(mgmt.ScopeControl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.g.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := b.sw.Maps.Admission(denseJob); got.Threshold != 0 || got.Held != 1 {
+		t.Errorf("standby after restoring H 0: threshold %d, %d slots held; want 0 and 1", got.Threshold, got.Held)
+	}
+}
+
 // TestManagerAdmission: Admit is idempotent for the same key and parameters and refuses the
 // rest; Remove and Reset take the CLI's and MSG_RESET's paths; Drain takes every port down.
 func TestManagerAdmission(t *testing.T) {
@@ -384,14 +442,15 @@ func TestManagerAdmission(t *testing.T) {
 		edit func(j *mgmt.Job)
 		want error
 	}{
-		"another key":      {func(j *mgmt.Job) { j.Key = mgKey(t) }, mgmt.ErrRefused},
-		"other workers":    {func(j *mgmt.Job) { j.Workers = 3 }, mgmt.ErrRefused},
-		"another PS port":  {func(j *mgmt.Job) { j.PSPort = "p1" }, mgmt.ErrRefused},
-		"unknown PS port":  {func(j *mgmt.Job) { j.PSPort = "eth9" }, mgmt.ErrIncompatible},
-		"short key":        {func(j *mgmt.Job) { j.Key = key[:16] }, mgmt.ErrRefused},
-		"threshold (H)":    {func(j *mgmt.Job) { j.Threshold = 1 }, mgmt.ErrRefused},
-		"bad job (no PS)":  {func(j *mgmt.Job) { j.ID = 50; j.PS = netip.AddrPort{} }, mgmt.ErrRefused},
-		"too many workers": {func(j *mgmt.Job) { j.ID = 51; j.Workers = 200 }, mgmt.ErrRefused},
+		"another key":         {func(j *mgmt.Job) { j.Key = mgKey(t) }, mgmt.ErrRefused},
+		"other workers":       {func(j *mgmt.Job) { j.Workers = 3 }, mgmt.ErrRefused},
+		"another PS port":     {func(j *mgmt.Job) { j.PSPort = "p1" }, mgmt.ErrRefused},
+		"unknown PS port":     {func(j *mgmt.Job) { j.PSPort = "eth9" }, mgmt.ErrIncompatible},
+		"short key":           {func(j *mgmt.Job) { j.Key = key[:16] }, mgmt.ErrRefused},
+		"threshold > workers": {func(j *mgmt.Job) { j.ID = 52; j.Threshold = 3 }, mgmt.ErrRefused},
+		"sparse with H":       {func(j *mgmt.Job) { j.ID = 53; j.RegArrays = 1; j.Threshold = 1 }, mgmt.ErrRefused},
+		"bad job (no PS)":     {func(j *mgmt.Job) { j.ID = 50; j.PS = netip.AddrPort{} }, mgmt.ErrRefused},
+		"too many workers":    {func(j *mgmt.Job) { j.ID = 51; j.Workers = 200 }, mgmt.ErrRefused},
 	} {
 		jj := j
 		tc.edit(&jj)
@@ -401,6 +460,26 @@ func TestManagerAdmission(t *testing.T) {
 	}
 	if k, _ := m.JobKey(denseJob); !bytes.Equal(k, key) {
 		t.Error("the job's key changed")
+	}
+	// H is run-time state: admitting the job again with another H succeeds and leaves the H it
+	// has here (MSG_SETH's); a fresh admission takes the H given.
+	if err := m.SetThreshold(denseJob, 1); err != nil {
+		t.Fatal(err)
+	}
+	again := j
+	again.Threshold = 2
+	if err := s.g.Admit(again); err != nil {
+		t.Errorf("admitting again with another threshold: %v", err)
+	}
+	if got, _ := m.Admission(denseJob); got.Threshold != 1 {
+		t.Errorf("threshold after admitting again: %d, want 1 (as set at run time)", got.Threshold)
+	}
+	async := mgmt.Job{ID: 54, Workers: 3, PS: j.PS, PSPort: "p1", Key: mgKey(t), Threshold: 2}
+	if err := s.g.Admit(async); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := m.Admission(54); got.Threshold != 2 {
+		t.Errorf("admitted with H 2: threshold %d", got.Threshold)
 	}
 
 	putSlot(t, m, 4, testSlot(denseJob, 1, bpf.XdpaggSlotStateSLOT_COMPLETE, 1), 0)

@@ -391,8 +391,8 @@ struct job {
 			   * the entry and lose `held`'s concurrent atomic adds. */
 	__u32 max_slots;  /* most aggregator slots the job may hold at once (quota), host order */
 	__s32 held;       /* slots the job holds now (aggregating or shadow copy); atomic, host order.
-			   * The control plane writes a job once, at admission: a rewrite would lose
-			   * the datapath's concurrent adds. */
+			   * The control plane writes a job at admission, and again only in a restore
+			   * before the job's traffic arrives (maps.AddHeld): a rewrite loses adds. */
 	__u16 reg_base;   /* sparse jobs: first register array the job owns (of each parity) */
 	__u16 reg_arrays; /* sparse jobs: register arrays it owns (m); 0: a dense job */
 };

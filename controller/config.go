@@ -54,6 +54,10 @@ type JobConfig struct {
 	// RegArrays: a sparse job's register arrays per parity (as `xdpagg job add --reg-arrays`);
 	// 0 for a dense job.
 	RegArrays uint16 `json:"reg_arrays,omitempty"`
+	// Threshold is the H a dense job is admitted with (as `xdpagg job add --threshold`):
+	// 1..Workers, asynchronous aggregation; 0 (absent) synchronous. The job's binding may change
+	// it at run time (MSG_SETH); a failover carries the H of the moment to the standby.
+	Threshold uint8 `json:"threshold,omitempty"`
 	// KeyFile is where the controller writes the job's key (hex, mode 0600) for its hosts;
 	// empty: <state-dir>/keys/job-<id>.key.
 	KeyFile string `json:"key_file,omitempty"`
@@ -174,6 +178,8 @@ func (c *Config) check() error {
 			return fmt.Errorf("%w: job %d: need the PS's IPv4 address and port and its switch port name", ErrConfig, j.ID)
 		case !groups[j.Group]:
 			return fmt.Errorf("%w: job %d: no group %q", ErrConfig, j.ID, j.Group)
+		case j.Threshold > j.Workers || (j.Threshold != 0 && j.RegArrays > 0):
+			return fmt.Errorf("%w: job %d: threshold %d: use 1..%d for a dense job (0: synchronous), none for a sparse one", ErrConfig, j.ID, j.Threshold, j.Workers)
 		}
 		ids[j.ID] = true
 	}

@@ -367,7 +367,7 @@ func (c *Controller) admitAll(ctx context.Context, statuses []Status) {
 
 // job is a job's admission; called with mu held.
 func (c *Controller) job(j JobConfig, js *JobState) mgmt.Job {
-	return mgmt.Job{ID: j.ID, Workers: j.Workers, PS: j.PS, PSPort: j.PSPort, MaxSlots: j.Quota, RegArrays: j.RegArrays, Key: slices.Clone(js.Key)}
+	return mgmt.Job{ID: j.ID, Workers: j.Workers, PS: j.PS, PSPort: j.PSPort, MaxSlots: j.Quota, RegArrays: j.RegArrays, Threshold: j.Threshold, Key: slices.Clone(js.Key)}
 }
 
 // replicate refreshes a group's replica from its active switch.

@@ -309,6 +309,44 @@ func TestFailoverOnFailure(t *testing.T) {
 	}
 }
 
+// TestThresholdThroughFailover: a job configured with H 2 is admitted with it on both switches;
+// its binding moves H to 1 on the primary (MSG_SETH), the replica and the view follow, and a
+// failover restores H 1 on the standby.
+func TestThresholdThroughFailover(t *testing.T) {
+	p := newPair(t, DegradePolicy{})
+	p.cfg.Jobs[0].Workers, p.cfg.Jobs[0].Threshold = 3, 2
+	a, b := p.switches[p.primary], p.switches[p.standby]
+	a.members = twoMembers
+	c, _ := p.start(t)
+	eventually(t, "job admitted on both switches", func() bool { return a.called("admit 7") == 1 && b.called("admit 7") == 1 })
+	for _, sw := range []*fakeSwitch{a, b} {
+		sw.mu.Lock()
+		h := sw.jobs[7].Threshold
+		sw.mu.Unlock()
+		if h != 2 {
+			t.Errorf("%s admitted job 7 with H %d, want 2", sw.name, h)
+		}
+	}
+	a.mu.Lock()
+	j := a.jobs[7]
+	j.Threshold = 1 // the job's binding sent SETH 1 to the primary
+	a.jobs[7] = j
+	a.mu.Unlock()
+	eventually(t, "the view shows H 1", func() bool {
+		v := c.View()
+		return len(v.Jobs) == 1 && v.Jobs[0].ThresholdNow != nil && *v.Jobs[0].ThresholdNow == 1 && v.Jobs[0].Threshold == 2
+	})
+	p.kill(p.primary)
+	if f := p.failover(t); f.Error != "" || f.Source != "replica" {
+		t.Fatalf("failover %+v", f)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.restore) != 1 || len(b.restore[0].Jobs) != 1 || b.restore[0].Jobs[0].Threshold != 1 {
+		t.Errorf("standby restores %+v: want job 7 with H 1", b.restore)
+	}
+}
+
 // TestFailoverOnDegradation: the active switch answers but its workers resend more than the
 // policy allows over its window: the controller drains it, reads its whole state (ScopeAll) and
 // restores that on the standby. A switch below the threshold, or with too few packets, stays.
@@ -548,6 +586,8 @@ func TestConfigErrors(t *testing.T) {
 		{"missing key", `{"groups":[{"name":"g","primary":{"name":"a","mgmt":"10.0.0.1:1","heartbeat":"10.0.0.1:2","key_file":"nope"},"standby":` + sw("b") + `}]}`},
 		{"job in no group", `{"groups":[` + group + `],"jobs":[{"id":1,"workers":2,"ps":"10.0.0.9:9500","ps_port":"p2","group":"h"}]}`},
 		{"job twice", `{"groups":[` + group + `],"jobs":[` + job + `,` + job + `]}`},
+		{"threshold above workers", `{"groups":[` + group + `],"jobs":[{"id":1,"workers":2,"threshold":3,"ps":"10.0.0.9:9500","ps_port":"p2","group":"g"}]}`},
+		{"sparse job with a threshold", `{"groups":[` + group + `],"jobs":[{"id":1,"workers":2,"threshold":1,"reg_arrays":2,"ps":"10.0.0.9:9500","ps_port":"p2","group":"g"}]}`},
 		{"job without PS port", `{"groups":[` + group + `],"jobs":[{"id":1,"workers":2,"ps":"10.0.0.9:9500","group":"g"}]}`},
 	} {
 		path := filepath.Join(dir, "c.json")

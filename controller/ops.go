@@ -193,6 +193,9 @@ type JobView struct {
 	JobConfig
 	KeyFile  string          `json:"key_file"`
 	Admitted map[string]bool `json:"admitted"`
+	// ThresholdNow is the job's H on its group's active switch as of the replica (MSG_SETH may
+	// have moved it from the configured Threshold); absent before the first replica with the job.
+	ThresholdNow *uint8 `json:"threshold_now,omitempty"`
 }
 
 // View returns the controller's view.
@@ -222,7 +225,16 @@ func (c *Controller) View() View {
 		for k, b := range js.Admitted {
 			admitted[k] = b
 		}
-		v.Jobs = append(v.Jobs, JobView{JobConfig: j, KeyFile: js.KeyFile, Admitted: admitted})
+		jv := JobView{JobConfig: j, KeyFile: js.KeyFile, Admitted: admitted}
+		if gs := c.st.Groups[j.Group]; gs != nil && gs.Replica != nil {
+			for _, rj := range gs.Replica.Jobs {
+				if rj.ID == j.ID {
+					h := rj.Threshold
+					jv.ThresholdNow = &h
+				}
+			}
+		}
+		v.Jobs = append(v.Jobs, jv)
 	}
 	return v
 }

@@ -9,9 +9,9 @@
 // wire.ParsePacket) and never redefines a field.
 //
 // Trust: a Worker takes results only from its PS's address and port (which the switch's results
-// carry) and, after Join, from the switch agent; its control messages (JOIN, LEAVE, ACK,
-// RETRANSMIT) and the agent's acknowledgements are authenticated with the job's key (package
-// ctlauth, WorkerConfig.JobKey). A PS sums DATA only from the members of the jobs it is given
+// carry) and, after Join, from the switch agent; its control messages (JOIN, LEAVE, RESET, HALT,
+// SETH, FBCAST, ACK, RETRANSMIT and its HELP answers) and the agent's (ACKs, HALT notices, HELP
+// requests) are authenticated with the job's key (package ctlauth, WorkerConfig.JobKey). A PS sums DATA only from the members of the jobs it is given
 // (PSConfig.Jobs), and bounds each job's share of its memory. Whatever fails these checks is
 // dropped and counted (WorkerStats.Foreign, Unauthenticated, Replayed; PSStats.UnknownJob,
 // NotMember, OverQuota).

@@ -46,12 +46,15 @@ const DefaultPort = 9520
 type Job struct {
 	ID        uint32         `json:"id"`
 	Workers   uint8          `json:"workers"`
-	PS        netip.AddrPort `json:"ps"`                 // the PS's IPv4 address and UDP port
-	PSPort    string         `json:"ps_port"`            // switch port name the PS is behind (same name on primary and standby)
-	MaxSlots  uint32         `json:"max_slots"`          // 0: the switch's default quota
-	RegArrays uint16         `json:"reg_arrays"`         // sparse jobs: register arrays; 0 dense
-	Key       []byte         `json:"key"`                // the job's 32-byte control key
-	Threshold uint8          `json:"threshold,omitzero"` // reserved for asynchronous aggregation (H); 0 = Workers
+	PS        netip.AddrPort `json:"ps"`         // the PS's IPv4 address and UDP port
+	PSPort    string         `json:"ps_port"`    // switch port name the PS is behind (same name on primary and standby)
+	MaxSlots  uint32         `json:"max_slots"`  // 0: the switch's default quota
+	RegArrays uint16         `json:"reg_arrays"` // sparse jobs: register arrays; 0 dense
+	Key       []byte         `json:"key"`        // the job's 32-byte control key
+	// Threshold is H, asynchronous aggregation (iSwitch): a fragment completes once H distinct
+	// workers contributed (1..Workers); 0 is synchronous (Workers). Dense jobs only. In a
+	// Snapshot it is the job's H at that moment (MSG_SETH may have changed it since Admit).
+	Threshold uint8 `json:"threshold,omitzero"`
 }
 
 // Member is one bound worker: the `workers` binding and the `members` egress entry together.

@@ -34,41 +34,27 @@ func dropResultsXDP(t *testing.T, mod, rem int32) *ebpf.Program {
 	)
 	var port [2]byte
 	binary.BigEndian.PutUint16(port[:], loader.DefaultPort)
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:       ebpf.XDP,
-		AttachType: ebpf.AttachXDP, // a link update needs the attach type of the program it replaces
-		Instructions: asm.Instructions{
-			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
-			asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
-			asm.Mov.Reg(asm.R4, asm.R2),
-			asm.Add.Imm(asm.R4, end),
-			asm.JGT.Reg(asm.R4, asm.R3, "pass"),
-			asm.LoadMem(asm.R5, asm.R2, offEtherType, asm.Half),
-			asm.JNE.Imm(asm.R5, 0x0008, "pass"), // ETH_P_IP, read little-endian
-			asm.LoadMem(asm.R5, asm.R2, offProto, asm.Byte),
-			asm.JNE.Imm(asm.R5, 17, "pass"), // UDP
-			asm.LoadMem(asm.R5, asm.R2, offSrcPort, asm.Half),
-			asm.JNE.Imm(asm.R5, int32(binary.LittleEndian.Uint16(port[:])), "pass"),
-			asm.LoadMem(asm.R5, asm.R2, offHdr+wire.OffType, asm.Byte),
-			asm.JNE.Imm(asm.R5, int32(wire.MsgResult), "pass"),
-			asm.LoadMem(asm.R5, asm.R2, offHdr+wire.OffFlags, asm.Half),
-			asm.And.Imm(asm.R5, int32(wire.FlagCached)),
-			asm.JNE.Imm(asm.R5, 0, "pass"),
-			asm.LoadMem(asm.R5, asm.R2, offHdr+wire.OffSeq, asm.Word),
-			asm.Mod.Imm(asm.R5, mod),
-			asm.JNE.Imm(asm.R5, rem, "pass"),
-			asm.Mov.Imm(asm.R0, 1), // XDP_DROP
-			asm.Return(),
-			asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
-			asm.Return(),
-		},
-		License: "GPL",
+	return hostXDP(t, "result-dropping", asm.Instructions{
+		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
+		asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.Add.Imm(asm.R4, end),
+		asm.JGT.Reg(asm.R4, asm.R3, "pass"),
+		asm.LoadMem(asm.R5, asm.R2, offEtherType, asm.Half),
+		asm.JNE.Imm(asm.R5, 0x0008, "pass"), // ETH_P_IP, read little-endian
+		asm.LoadMem(asm.R5, asm.R2, offProto, asm.Byte),
+		asm.JNE.Imm(asm.R5, 17, "pass"), // UDP
+		asm.LoadMem(asm.R5, asm.R2, offSrcPort, asm.Half),
+		asm.JNE.Imm(asm.R5, int32(binary.LittleEndian.Uint16(port[:])), "pass"),
+		asm.LoadMem(asm.R5, asm.R2, offHdr+wire.OffType, asm.Byte),
+		asm.JNE.Imm(asm.R5, int32(wire.MsgResult), "pass"),
+		asm.LoadMem(asm.R5, asm.R2, offHdr+wire.OffFlags, asm.Half),
+		asm.And.Imm(asm.R5, int32(wire.FlagCached)),
+		asm.JNE.Imm(asm.R5, 0, "pass"),
+		asm.LoadMem(asm.R5, asm.R2, offHdr+wire.OffSeq, asm.Word),
+		asm.Mod.Imm(asm.R5, mod),
+		asm.JNE.Imm(asm.R5, rem, "pass"),
 	})
-	if err != nil {
-		t.Fatalf("result-dropping XDP program: %v", err)
-	}
-	t.Cleanup(func() { prog.Close() })
-	return prog
 }
 
 // iSwitch's Help, completed by the job's members: `xdpagg switch --no-retransmit-cache`, four

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +117,23 @@ func TestMgmtChannel(t *testing.T) {
 		if err := inCtl(func() error { return c.Admit(ctx, job) }); err != nil {
 			t.Fatalf("Admit #%d: %v\n%s", i, err, a.sw.stderr.String())
 		}
+	}
+	// An asynchronous job (H 2 of 3) crosses the channel with its threshold, both ways.
+	async := mgmt.Job{ID: 82, Workers: 3, Threshold: 2, PS: job.PS, PSPort: ps.Port, Key: jobKey}
+	var ctlSnap *mgmt.Snapshot
+	if err := inCtl(func() (err error) {
+		if err = c.Admit(ctx, async); err == nil {
+			ctlSnap, err = c.Snapshot(ctx, mgmt.ScopeControl)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("asynchronous job: %v", err)
+	}
+	if i := slices.IndexFunc(ctlSnap.Jobs, func(j mgmt.Job) bool { return j.ID == async.ID }); i < 0 || ctlSnap.Jobs[i].Threshold != 2 {
+		t.Errorf("snapshot jobs %+v: want job 82 with threshold 2", ctlSnap.Jobs)
+	}
+	if err := inCtl(func() error { return c.Remove(ctx, async.ID) }); err != nil {
+		t.Fatal(err)
 	}
 	other := job
 	other.Key, _ = ctlauth.NewKey()

@@ -2,6 +2,7 @@ package netns_tests
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,22 +18,32 @@ import (
 func lossyXDP(t *testing.T, p float64) *ebpf.Program {
 	t.Helper()
 	threshold := int32(p * (1 << 31)) // prandom_u32 is uniform over 2^32; compare its top half
+	return hostXDP(t, "lossy", asm.Instructions{
+		asm.FnGetPrandomU32.Call(),
+		asm.RSh.Imm(asm.R0, 1),
+		asm.JGE.Imm(asm.R0, threshold, "pass"),
+	})
+}
+
+// hostXDP loads an XDP program for a host's link (a replacement for topo's XDP_PASS program, so
+// swapped in with XDPLink.Update) from a classifier: it jumps to "pass" for a frame to keep and
+// falls through for one to drop.
+func hostXDP(t *testing.T, what string, classify asm.Instructions) *ebpf.Program {
+	t.Helper()
+	insns := append(slices.Clone(classify),
+		asm.Mov.Imm(asm.R0, 1), // XDP_DROP
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
+		asm.Return(),
+	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:       ebpf.XDP,
-		AttachType: ebpf.AttachXDP, // a link update needs the attach type of the program it replaces
-		Instructions: asm.Instructions{
-			asm.FnGetPrandomU32.Call(),
-			asm.RSh.Imm(asm.R0, 1),
-			asm.JGE.Imm(asm.R0, threshold, "pass"),
-			asm.Mov.Imm(asm.R0, 1), // XDP_DROP
-			asm.Return(),
-			asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
-			asm.Return(),
-		},
-		License: "GPL",
+		Type:         ebpf.XDP,
+		AttachType:   ebpf.AttachXDP, // a link update needs the attach type of the program it replaces
+		Instructions: insns,
+		License:      "GPL",
 	})
 	if err != nil {
-		t.Fatalf("lossy XDP program: %v", err)
+		t.Fatalf("%s XDP program: %v", what, err)
 	}
 	t.Cleanup(func() { prog.Close() })
 	return prog

@@ -324,15 +324,18 @@ func Cold(pairs []byte, i int) (key uint64, bits uint32) {
 // a host accepts is one the switch would not count malformed, and vice versa:
 //
 //   - version is Version and the reserved byte is 0;
-//   - the type is DATA, RESULT, JOIN, LEAVE, ACK or RETRANSMIT (RESET and HEARTBEAT are reserved);
-//   - DATA and RESULT: 1 <= count <= MaxValues, the payload is exactly HdrSize + 4*count bytes
-//     (the UDP length the switch checks), the encoding is ENC_FIXED32 or ENC_FLOAT32 (ErrEncoding
-//     otherwise), and job_id != 0;
-//   - DATA also: the fan-in of its level (fan_in0, or fan_in1 with F_LEVEL1) is 1..MaxWorkers and
-//     that level's bitmap is nonzero with no bit at or above the fan-in.
+//   - the type is one KnownType accepts;
+//   - dense DATA and RESULT: 1 <= count <= MaxValues, the payload is exactly HdrSize + 4*count
+//     bytes (the UDP length the switch checks), the encoding is ENC_FIXED32 or ENC_FLOAT32
+//     (ErrEncoding otherwise), and job_id != 0;
+//   - dense DATA also: the fan-in of its level (fan_in0, or fan_in1 with F_LEVEL1) is
+//     1..MaxWorkers and that level's bitmap is nonzero with no bit at or above the fan-in;
+//   - sparse DATA, RESULT and PULL: the encoding fits the type, the pair count its bound, the
+//     length the sparse header and pairs exactly, the sparse header's packet count the rules of
+//     docs/sparse.md, job_id != 0, and DATA the level rules above.
 //
-// Control messages get only the first two checks, like the switch, which hands them to its agent;
-// their values are the rest of the payload.
+// Control messages (every other known type) get only the first two checks, like the switch, which
+// hands them to its agent; their values are the rest of the payload.
 //
 // agg_index is not checked: only the switch knows its pool size. values aliases b. Every failure
 // is one of the Err variables above, each wrapping ErrMalformed; h holds the decoded header

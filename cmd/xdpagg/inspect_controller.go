@@ -90,7 +90,7 @@ func inspectController(path string, asJSON bool, stdout io.Writer) error {
 		}
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nJOB\tGROUP\tWORKERS\tPS\tPS PORT\tQUOTA\tKEY FILE\tADMITTED ON")
+	fmt.Fprintln(tw, "\nJOB\tGROUP\tWORKERS\tH\tPS\tPS PORT\tQUOTA\tKEY FILE\tADMITTED ON")
 	for _, j := range v.Jobs {
 		var on []string
 		for sw, ok := range j.Admitted {
@@ -99,7 +99,14 @@ func inspectController(path string, asJSON bool, stdout io.Writer) error {
 			}
 		}
 		sort.Strings(on)
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%s\t%d\t%s\t%s\n", j.ID, j.Group, j.Workers, j.PS, j.PSPort, j.Quota, j.KeyFile, strings.Join(on, ","))
+		// H as configured, and as the active switch has it when MSG_SETH moved it.
+		h := hDesc(j.Threshold, j.Workers)
+		if j.RegArrays > 0 {
+			h = "-"
+		} else if j.ThresholdNow != nil && hDesc(*j.ThresholdNow, j.Workers) != h {
+			h += " (now " + hDesc(*j.ThresholdNow, j.Workers) + ")"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%v\t%s\t%d\t%s\t%s\n", j.ID, j.Group, j.Workers, h, j.PS, j.PSPort, j.Quota, j.KeyFile, strings.Join(on, ","))
 	}
 	return tw.Flush()
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 // state directory; `xdpagg failover` without a running controller fails.
 func TestInspectController(t *testing.T) {
 	dir := t.TempDir()
+	hNow := uint8(1) // job 7's binding moved H from the configured 2 to 1 (MSG_SETH)
 	v := controller.View{Time: time.Now(), Heartbeat: controller.HeartbeatConfig{Interval: controller.Duration(200 * time.Millisecond), SuspectAfter: 1, FailAfter: 3},
 		Degrade: controller.DegradePolicy{MaxResendShare: 0.25, MinPackets: 200, Heartbeats: 5},
 		Groups: []controller.GroupView{{Name: "rack1", Primary: "sw-a", Standby: "sw-b", Active: "sw-b",
@@ -27,7 +29,8 @@ func TestInspectController(t *testing.T) {
 			Members:      []mgmt.Member{{Job: 7, Worker: 1, Port: "p1", Addr: netip.MustParseAddrPort("10.200.2.2:9600"), MAC: net.HardwareAddr{2, 0, 10, 200, 2, 2}}},
 			LastFailover: &controller.Failover{From: "sw-a", To: "sw-b", Reason: controller.ReasonFailed, Source: "replica", Migrated: mgmt.RestoreStats{Members: 3}},
 			Failovers:    map[string]int{controller.ReasonFailed: 1}}},
-		Jobs: []controller.JobView{{JobConfig: controller.JobConfig{ID: 7, Workers: 3, Group: "rack1", PSPort: "p3"}, Admitted: map[string]bool{"sw-a": true, "sw-b": true}}},
+		Jobs: []controller.JobView{{JobConfig: controller.JobConfig{ID: 7, Workers: 3, Group: "rack1", PSPort: "p3", Threshold: 2}, Admitted: map[string]bool{"sw-a": true, "sw-b": true}, ThresholdNow: &hNow},
+			{JobConfig: controller.JobConfig{ID: 8, Workers: 4, Group: "rack1", PSPort: "p3"}, Admitted: map[string]bool{"sw-b": true}}},
 	}
 	b, _ := json.Marshal(v)
 	if err := os.WriteFile(filepath.Join(dir, controller.StatusFile), b, 0o644); err != nil {
@@ -38,10 +41,13 @@ func TestInspectController(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"group rack1: primary sw-a, standby sw-b, active sw-b", "automatic failover disarmed", "10.200.2.2:9600",
-		"sw-a -> sw-b (failed", "state from replica", "Members:3", "failed after 3", "0.25 resends", "sw-a,sw-b"} {
+		"sw-a -> sw-b (failed", "state from replica", "Members:3", "failed after 3", "0.25 resends", "sw-a,sw-b", "2 (now 1)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, out.String())
 		}
+	}
+	if !regexp.MustCompile(`(?m)^8 +rack1 +4 +sync `).MatchString(out.String()) {
+		t.Errorf("job 8 (synchronous) not shown with H sync:\n%s", out.String())
 	}
 	out.Reset()
 	if err := runInspect([]string{"--controller-status", filepath.Join(dir, controller.StatusFile), "--json"}, &out); err != nil || !strings.Contains(out.String(), `"active": "sw-b"`) {

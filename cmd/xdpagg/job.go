@@ -90,11 +90,13 @@ func sparseDesc(j maps.Job) string {
 
 // thresholdDesc is a job's H as the tables show it: "3" (asynchronous), or "sync" for a
 // threshold of 0 or of every worker.
-func thresholdDesc(j maps.Job) string {
-	if j.Threshold == 0 || j.Threshold >= j.Workers {
+func thresholdDesc(j maps.Job) string { return hDesc(j.Threshold, j.Workers) }
+
+func hDesc(h, workers uint8) string {
+	if h == 0 || h >= workers {
 		return "sync"
 	}
-	return fmt.Sprintf("%d", j.Threshold)
+	return fmt.Sprintf("%d", h)
 }
 
 // jobAdded is what `xdpagg job add --json` prints.
