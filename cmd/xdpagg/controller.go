@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -181,6 +182,31 @@ func runGroups(config, dir string, local netip.AddrPort, metrics, ready string, 
 	}
 	log.Info("controller running", "groups", len(cfg.Groups), "jobs", len(cfg.Jobs), "state_dir", dir)
 	return c.Run(ctx)
+}
+
+// runReset is `xdpagg reset --state-dir D --job N`: ask the running controller to clear the job's
+// slots, registers and counters on both switches of its group (iSwitch's Reset, from the
+// controller; members, key and admission stay).
+func runReset(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("reset", flag.ContinueOnError)
+	var (
+		dir     = fs.String("state-dir", "", "the controller's --state-dir")
+		job     = fs.Uint("job", 0, "the job to reset")
+		timeout = fs.Duration("timeout", time.Minute, "give up waiting for the controller after this long")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" || *job == 0 || *job > math.MaxUint32 {
+		return fmt.Errorf("%w: give --state-dir and --job (1..%d)", errUsage, uint32(math.MaxUint32))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	if _, err := controller.Ask(ctx, *dir, controller.Request{Op: "reset", Job: uint32(*job)}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "job %d reset on both switches of its group\n", *job)
+	return nil
 }
 
 // runFailover is `xdpagg failover --state-dir D --group G`: ask the running controller to drain

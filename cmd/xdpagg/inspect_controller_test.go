@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -56,4 +57,45 @@ func TestInspectController(t *testing.T) {
 	if err := runFailover([]string{"--state-dir", dir, "--group", "rack1", "--timeout", "2s"}, &out); err == nil {
 		t.Error("failover without a controller succeeded")
 	}
+}
+
+// TestResetAsksTheController: `xdpagg reset` sends the controller a reset request for the job
+// and reports its refusal; usage errors need no controller.
+func TestResetAsksTheController(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	for _, args := range [][]string{{"--job", "7"}, {"--state-dir", dir}, {"--state-dir", dir, "--job", "4294967296"}} {
+		if err := runReset(args, &out); !errors.Is(err, errUsage) {
+			t.Errorf("reset %v: %v, want a usage error", args, err)
+		}
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, controller.SocketFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan controller.Request, 2)
+	go func() {
+		for _, answer := range []string{"", "no job 9"} {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var r controller.Request
+			_ = json.NewDecoder(conn).Decode(&r)
+			got <- r
+			_ = json.NewEncoder(conn).Encode(controller.Reply{Error: answer})
+			conn.Close()
+		}
+	}()
+	if err := runReset([]string{"--state-dir", dir, "--job", "7"}, &out); err != nil || !strings.Contains(out.String(), "job 7 reset") {
+		t.Errorf("reset: %v %q", err, out.String())
+	}
+	if r := <-got; r.Op != "reset" || r.Job != 7 {
+		t.Errorf("request %+v, want reset of job 7", r)
+	}
+	if err := runReset([]string{"--state-dir", dir, "--job", "9"}, &out); !errors.Is(err, controller.ErrRequest) {
+		t.Errorf("refused reset: %v, want ErrRequest", err)
+	}
+	<-got
 }

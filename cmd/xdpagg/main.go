@@ -29,6 +29,7 @@ var commands = []command{
 	{"demo", "build a netns topology, run a verified allreduce through the switch, tear down (--sparse: a sparse model's trace)", runDemo},
 	{"bench", "compare xdpagg with a parameter server, ring allreduce and Gloo side by side (--sparse: sparse vs PS-only vs dense)", runBench},
 	{"controller", "own switch groups and their jobs: heartbeat, replicate, fail over (--config); or just heartbeat (--switch)", runController},
+	{"reset", "ask the running controller to clear a job's slots, registers and counters on both switches of its group", runReset},
 	{"failover", "ask the running controller to drain a group's active switch and move the group to its other switch", runFailover},
 }
 
