@@ -95,14 +95,17 @@ func setsockopt(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
 // newXSK makes an AF_XDP socket bound to queue of interface ifindex, receiving UDP datagrams to
 // local:port (the frames the host program redirects). The caller puts xsk.fd into the program's
 // XSKMAP at queue.
-func newXSK(ifindex, queue int, local [4]byte, port uint16, batch int) (x *xskConn, err error) {
+func newXSK(ifindex, queue int, local [4]byte, port uint16, batch int) (_ *xskConn, err error) {
 	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: AF_XDP socket: %w", ErrAFXDP, err)
 	}
-	x = &xskConn{fd: fd, local: local, lport: port, descs: make([]unix.XDPDesc, batch), names: make([]unix.RawSockaddrInet4, batch)}
+	x := &xskConn{fd: fd, local: local, lport: port, descs: make([]unix.XDPDesc, batch), names: make([]unix.RawSockaddrInet4, batch)}
 	defer func() {
 		if err != nil {
+			if x.file != nil {
+				x.file.Close()
+			}
 			x.free()
 		}
 	}()
