@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf/link"
@@ -34,6 +35,10 @@ const (
 	xskFrameSize = 4096
 	xskFrames    = 2048
 	xskDescSize  = int(unsafe.Sizeof(unix.XDPDesc{}))
+
+	// How long newXSK waits for a busy queue (another socket's, or one just closed), in steps.
+	xskBusyWait = 2 * time.Second
+	xskBusyStep = 5 * time.Millisecond
 )
 
 // xskRing is one of the kernel's single-producer single-consumer rings, mapped into this
@@ -145,8 +150,19 @@ func newXSK(ifindex, queue int, local [4]byte, port uint16, batch int) (_ *xskCo
 		x.n = 1
 		x.refill()
 	}
-	if err := unix.Bind(fd, &unix.SockaddrXDP{Flags: unix.XDP_COPY, Ifindex: uint32(ifindex), QueueID: uint32(queue)}); err != nil {
-		return nil, fmt.Errorf("%w: bind to queue %d of interface %d in copy mode: %w", ErrAFXDP, queue, ifindex, err)
+	// A closed socket's queue is released by the kernel's deferred work (the UMEM's pool is
+	// freed from a workqueue), so a worker started right after another on the same interface
+	// can find the queue busy for a moment: wait for it, boundedly.
+	sa := &unix.SockaddrXDP{Flags: unix.XDP_COPY, Ifindex: uint32(ifindex), QueueID: uint32(queue)}
+	for wait := time.Duration(0); ; wait += xskBusyStep {
+		err = unix.Bind(fd, sa)
+		if err == nil {
+			break
+		}
+		if err != unix.EBUSY || wait >= xskBusyWait {
+			return nil, fmt.Errorf("%w: bind to queue %d of interface %d in copy mode: %w", ErrAFXDP, queue, ifindex, err)
+		}
+		time.Sleep(xskBusyStep)
 	}
 	x.file = os.NewFile(uintptr(fd), "xsk")
 	if x.rc, err = x.file.SyscallConn(); err != nil {
@@ -325,20 +341,8 @@ func (w *Worker) startAFXDP() (err error) {
 			objs.Close()
 		}
 	}()
-	const queue = 0
-	x, err := newXSK(ifindex, queue, local.Addr().As4(), local.Port(), recvBatch)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			x.close()
-			x.free()
-		}
-	}()
-	if err := objs.Xsks.Put(uint32(queue), uint32(x.fd)); err != nil {
-		return fmt.Errorf("%w: put the AF_XDP socket into the host program's map: %w", ErrAFXDP, err)
-	}
+	// Attach first: an interface that runs another XDP program (or another worker's) is refused
+	// at once. Until the socket is in the map, results pass to the UDP socket.
 	l, err := link.AttachXDP(link.XDPOptions{Program: objs.XdpaggHost, Interface: ifindex, Flags: link.XDPDriverMode})
 	if err != nil {
 		if errors.Is(err, unix.EBUSY) {
@@ -346,6 +350,21 @@ func (w *Worker) startAFXDP() (err error) {
 				ErrAFXDP, ifindex, err)
 		}
 		return fmt.Errorf("%w: attach xdpagg_host to interface %d in native mode: %w", ErrAFXDP, ifindex, err)
+	}
+	defer func() {
+		if err != nil {
+			l.Close()
+		}
+	}()
+	const queue = 0
+	x, err := newXSK(ifindex, queue, local.Addr().As4(), local.Port(), recvBatch)
+	if err != nil {
+		return err
+	}
+	if err = objs.Xsks.Put(uint32(queue), uint32(x.fd)); err != nil {
+		x.close()
+		x.free()
+		return fmt.Errorf("%w: put the AF_XDP socket into the host program's map: %w", ErrAFXDP, err)
 	}
 	w.xsk, w.xskObjs, w.xskLink, w.xskDone = x, objs, l, make(chan struct{})
 	return nil
