@@ -78,11 +78,11 @@ func optional(v *float64) string {
 }
 
 var modeColors = map[string]color.Color{
-	ModeXdpagg:      color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-	ModeXdpaggAFXDP: color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
-	ModePS:          color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	ModeRing:        color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
-	ModeGloo:        color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	ModeXdpagg:    color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	ModeXdpaggUDP: color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+	ModePS:        color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	ModeRing:      color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	ModeGloo:      color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 }
 
 // Plot writes a PNG with two panels: aggregated elements/s against tensor size (at the W closest
