@@ -161,3 +161,25 @@ func TestHostConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestHostVerifierCount reports the instructions the verifier processes for xdpagg_host
+// (docs/design.md quotes it), failing far below the kernel's limit.
+func TestHostVerifierCount(t *testing.T) {
+	objs := load(t)
+	info, err := objs.XdpaggHost.Info()
+	bpftest.Check(t, "program info", err)
+	n, ok := info.VerifiedInstructions()
+	if !ok {
+		t.Logf("xdpagg_host: the kernel does not report verified instructions")
+		return
+	}
+	insns, err := info.Instructions()
+	size := 0
+	if err == nil {
+		size = len(insns)
+	}
+	t.Logf("xdpagg_host: %d instructions, %d processed by the verifier", size, n)
+	if n > 500_000 {
+		t.Errorf("xdpagg_host: the verifier processed %d instructions", n)
+	}
+}
