@@ -227,3 +227,38 @@ func TestWorkerAFXDPRings(t *testing.T) {
 	}
 	w3.Close()
 }
+
+// FuzzParseFrame: whatever the frame, parseFrame never reads out of it, and what it accepts is a
+// UDP/IPv4 datagram to the worker, its payload the bytes after the UDP header within both
+// length fields.
+func FuzzParseFrame(f *testing.F) {
+	local := netip.MustParseAddrPort("10.0.0.1:9600")
+	src := netip.MustParseAddrPort("10.0.0.9:9510")
+	f.Add(xskFrameOf(src, local, []byte("result"), false))
+	f.Add(xskFrameOf(src, local, []byte("result"), true))
+	f.Add(xskFrameOf(src, local, nil, true))
+	f.Fuzz(func(t *testing.T, fr []byte) {
+		var from unix.RawSockaddrInet4
+		p, err := parseFrame(fr, local.Addr().As4(), local.Port(), &from)
+		if err != nil {
+			if err != errFrame || p != nil {
+				t.Fatalf("refused with %q, %v", p, err)
+			}
+			return
+		}
+		ulen := int(binary.BigEndian.Uint16(fr[14+20+4:]))
+		tot := int(binary.BigEndian.Uint16(fr[14+2:]))
+		switch {
+		case fr[14] != 0x45 || fr[14+9] != unix.IPPROTO_UDP:
+			t.Fatal("accepted a frame that is not UDP/IPv4 without options")
+		case [4]byte(fr[14+16:14+20]) != local.Addr().As4() || binary.BigEndian.Uint16(fr[14+20+2:]) != local.Port():
+			t.Fatal("accepted a frame to another address or port")
+		case len(p) != ulen-8 || 20+ulen > tot || 14+tot > len(fr):
+			t.Fatalf("payload of %d bytes for UDP length %d, IP length %d, frame %d", len(p), ulen, tot, len(fr))
+		case len(p) > 0 && &p[0] != &fr[14+20+8]:
+			t.Fatal("payload is not the bytes after the UDP header")
+		case from.Family != unix.AF_INET || from.Addr != [4]byte(fr[14+12:14+16]):
+			t.Fatalf("source %+v", from)
+		}
+	})
+}
