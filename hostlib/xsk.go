@@ -17,11 +17,6 @@ import (
 	"github.com/xdpagg/xdpagg/bpf/host"
 )
 
-// ErrAFXDP is returned when a worker cannot receive through AF_XDP (WorkerConfig.AFXDP): no
-// AF_XDP sockets or XSKMAPs in the kernel, no interface holding the worker's address, or one that
-// already runs another XDP program.
-var ErrAFXDP = errors.New("AF_XDP receive unavailable")
-
 // errFrame reports an AF_XDP frame that is not a UDP/IPv4 datagram to the worker's address (the
 // host program lets only such frames through, so it means a bug or a forged frame) or whose
 // nonzero UDP checksum is wrong (the kernel's UDP socket would have dropped it).
