@@ -22,8 +22,8 @@ import (
 // nonzero UDP checksum is wrong (the kernel's UDP socket would have dropped it).
 var errFrame = fmt.Errorf("%w: AF_XDP frame is not a valid UDP/IPv4 datagram to this worker", ErrMalformed)
 
-// UMEM geometry. A frame holds the largest xdpagg packet with its Ethernet/IPv4/UDP headers
-// (3388-byte MTU + 14) in copy mode, where the kernel copies the frame to the start of a chunk.
+// UMEM geometry. In copy mode the kernel writes a frame XDP_PACKET_HEADROOM (256) bytes into a
+// chunk, which leaves 3840 bytes: the largest xdpagg frame (3388-byte MTU + 14) fits.
 // xskFrames frames are 8 MiB, the worker's default socket buffer: every frame sits in the fill
 // ring while the worker does not hold it, so the kernel can always take a window of results.
 const (
