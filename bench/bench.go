@@ -47,10 +47,20 @@ const (
 	ModePS     = "ps"
 	ModeRing   = "ring"
 	ModeGloo   = "gloo"
+	// ModeXdpaggUDP is xdpagg with workers receiving their results on their UDP sockets, as
+	// ModeXdpagg does only on shaped links: the reference of A/B runs of AF_XDP receive
+	// (--modes xdpagg,xdpagg-udp; docs/benchmarks.md, "AF_XDP receive").
+	ModeXdpaggUDP = "xdpagg-udp"
 )
 
-// AllModes in report order.
+// AllModes in report order: the default set.
 var AllModes = []string{ModeXdpagg, ModePS, ModeRing, ModeGloo}
+
+// ExtraModes may be asked for by name; they are not in the default set.
+var ExtraModes = []string{ModeXdpaggUDP}
+
+// knownModes is every mode, in report order.
+func knownModes() []string { return append(slices.Clone(AllModes), ExtraModes...) }
 
 // Ports of the baselines (the switch intercepts only the xdpagg port).
 const (
@@ -109,8 +119,8 @@ func (o Options) withDefaults() Options {
 // Validate says what to change.
 func (o Options) Validate() error {
 	for _, m := range o.Modes {
-		if !slices.Contains(AllModes, m) {
-			return fmt.Errorf("%w: mode %q: use one of %s", ErrConfig, m, strings.Join(AllModes, ", "))
+		if !slices.Contains(knownModes(), m) {
+			return fmt.Errorf("%w: mode %q: use one of %s", ErrConfig, m, strings.Join(knownModes(), ", "))
 		}
 	}
 	for _, b := range o.Bytes {
@@ -661,17 +671,18 @@ type switchMeter interface {
 
 // CPUSplit says what each mode's worker-side and switch-side CPU figures include (Report.CPUSplit).
 var CPUSplit = map[string]string{
-	ModeXdpagg: "switch: run time of the switch's XDP programs (xdpagg_switch on every port, xdpagg_egress per broadcast copy) from the kernel's BPF statistics, enabled only for the untimed warm-up allreduce (they cost two clock reads per program run) and averaged over warm-ups; it leaves out the kernel's XDP work around the programs (veth NAPI, frame conversion, the broadcast's frame clones and devmap transmit), so it is a lower bound. worker: the timed run's CPU s/GB minus the switch side: this process (workers' goroutines, sockets, the kernel's packet path run in their syscalls) and ksoftirqd, the kernel's XDP work around the switch's programs included",
-	ModePS:     "not separated: the PS runs as goroutines of this process beside the workers, so the worker figure is the whole CPU s/GB, the PS's summing included; no switch figure",
-	ModeRing:   "switch: 0 (a ring needs no switch help); worker: the whole CPU s/GB: this process and ksoftirqd, including the kernel forwarding in the switch namespace that stands in for a switch ASIC",
-	ModeGloo:   "switch: 0 (Gloo needs no switch help); worker: the whole CPU s/GB: the Gloo ranks' processes and ksoftirqd, including the kernel forwarding in the switch namespace that stands in for a switch ASIC",
+	ModeXdpagg:    "switch: run time of the switch's XDP programs (xdpagg_switch on every port, xdpagg_egress per broadcast copy) from the kernel's BPF statistics, enabled only for the untimed warm-up allreduce (they cost two clock reads per program run) and averaged over warm-ups; it leaves out the kernel's XDP work around the programs (veth NAPI, frame conversion, the broadcast's frame clones and devmap transmit), so it is a lower bound. worker: the timed run's CPU s/GB minus the switch side: this process (workers' goroutines, sockets, the kernel's packet path run in their syscalls) and ksoftirqd, the kernel's XDP work around the switch's programs included",
+	ModeXdpaggUDP: "as xdpagg",
+	ModePS:        "not separated: the PS runs as goroutines of this process beside the workers, so the worker figure is the whole CPU s/GB, the PS's summing included; no switch figure",
+	ModeRing:      "switch: 0 (a ring needs no switch help); worker: the whole CPU s/GB: this process and ksoftirqd, including the kernel forwarding in the switch namespace that stands in for a switch ASIC",
+	ModeGloo:      "switch: 0 (Gloo needs no switch help); worker: the whole CPU s/GB: the Gloo ranks' processes and ksoftirqd, including the kernel forwarding in the switch namespace that stands in for a switch ASIC",
 }
 
 // splitCPU splits a mode's CPU s/GB (total, per worker) into its worker and switch sides:
 // switched CPU seconds over metered warm-up runs of bytes per worker (see CPUSplit).
 func splitCPU(mode string, total, switched float64, metered, bytes int) (worker, sw *float64) {
 	switch mode {
-	case ModeXdpagg:
+	case ModeXdpagg, ModeXdpaggUDP:
 		if metered == 0 {
 			return nil, nil
 		}
@@ -692,10 +703,11 @@ func splitCPU(mode string, total, switched float64, metered, bytes int) (worker,
 // the baselines run on a plain kernel-forwarding switch namespace with no XDP program anywhere
 // and the kernel's default veth offloads (TX checksum offload and GSO on, GRO off).
 var Environments = map[string]string{
-	ModeXdpagg: "testbed: XDP switch program on every switch port, xdpagg_pass on every host, TX checksum offload off, GRO on",
-	ModePS:     "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers + PS",
-	ModeRing:   "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers only",
-	ModeGloo:   "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers only",
+	ModeXdpagg:    "testbed: XDP switch program on every switch port, xdpagg_pass on every host, TX checksum offload off, GRO on",
+	ModeXdpaggUDP: "testbed as xdpagg, but every host runs xdpagg_pass and workers receive their results through their UDP sockets, shaped or not",
+	ModePS:        "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers + PS",
+	ModeRing:      "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers only",
+	ModeGloo:      "plain: kernel-forwarding switch namespace, no XDP program, default veth offloads; workers only",
 }
 
 // LinkShaping is Report.LinkShaping: how a shaped cell's links are shaped (topo.ShapeLinks).
@@ -709,11 +721,11 @@ const LinkShaping = "every host link (workers and, where there is one, the PS), 
 // (0: unshaped).
 func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (mode, error) {
 	switch name {
-	case ModeXdpagg:
+	case ModeXdpagg, ModeXdpaggUDP:
 		// Each worker's link carries its own window.
 		timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
 		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
-			Switch: loader.Config{PoolSize: 4096}})
+			Switch: loader.Config{PoolSize: 4096}, AFXDP: name == ModeXdpagg && rate == 0})
 		if err != nil {
 			return nil, err
 		}
@@ -766,7 +778,15 @@ func (m *xdpaggMode) cpu() float64      { return 0 }
 func (m *xdpaggMode) verify(out [][]float32, ref []float64) error {
 	return checkWithin(out, ref, float64(len(out))*math.Ldexp(1, -25), 0x1p-23)
 }
-func (m *xdpaggMode) note() string             { return workerNote(m.bed.Workers[0]) }
+func (m *xdpaggMode) note() string {
+	n := workerNote(m.bed.Workers[0])
+	if on, why := m.bed.Workers[0].AFXDP(); on {
+		n += "; workers receive through AF_XDP"
+	} else if why != nil {
+		n += fmt.Sprintf("; AF_XDP off: %v", why)
+	}
+	return n
+}
 func (m *xdpaggMode) close() error             { return m.bed.Close() }
 func (m *xdpaggMode) topology() *topo.Topology { return m.bed.Topo }
 

@@ -21,7 +21,7 @@ import (
 // Table prints every cell, then xdpagg's ratio to each other mode.
 func (r *Report) Table(w io.Writer) {
 	fmt.Fprintf(w, "machine: %s; MTU %d\n", r.Machine, r.MTU)
-	for _, m := range AllModes {
+	for _, m := range knownModes() {
 		if e, ok := r.Environments[m]; ok {
 			fmt.Fprintf(w, "  %-6s runs on %s\n", m, e)
 		}
@@ -30,7 +30,7 @@ func (r *Report) Table(w io.Writer) {
 		fmt.Fprintf(w, "  link rates (column \"link\"): %s\n", r.LinkShaping)
 	}
 	fmt.Fprintln(w, "  CPU s/GB: the mode's own CPU per GB reduced per worker, split into the workers' and the switch's side:")
-	for _, m := range AllModes {
+	for _, m := range knownModes() {
 		if e, ok := r.CPUSplit[m]; ok {
 			fmt.Fprintf(w, "    %-6s %s\n", m, e)
 		}
@@ -78,10 +78,11 @@ func optional(v *float64) string {
 }
 
 var modeColors = map[string]color.Color{
-	ModeXdpagg: color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-	ModePS:     color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	ModeRing:   color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
-	ModeGloo:   color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	ModeXdpagg:    color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	ModeXdpaggUDP: color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+	ModePS:        color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	ModeRing:      color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	ModeGloo:      color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 }
 
 // Plot writes a PNG with two panels: aggregated elements/s against tensor size (at the W closest
@@ -137,7 +138,7 @@ func (r *Report) Plot(path string) error {
 		p.Add(plotter.NewGrid())
 	}
 
-	for _, m := range AllModes {
+	for _, m := range knownModes() {
 		var s, w plotter.XYs
 		for _, c := range r.Cells {
 			if c.Mode != m || c.ElementsPerSec == 0 || c.LinkRate != rate {

@@ -49,6 +49,10 @@ var (
 	// ErrThreshold: an aggregation threshold outside 1..the job's workers, or for a job the PS
 	// does not serve (PS.SetThreshold).
 	ErrThreshold = errors.New("bad aggregation threshold")
+	// ErrAFXDP: a worker cannot receive through AF_XDP (WorkerConfig.AFXDP): no AF_XDP sockets
+	// or XSKMAPs in the kernel, no interface holding the worker's address, or one that already
+	// runs another XDP program.
+	ErrAFXDP = errors.New("AF_XDP receive unavailable")
 )
 
 // errTruncated reports a datagram larger than any xdpagg packet; made once, like wire's errors.

@@ -219,6 +219,13 @@ func (c *batchConn) rpkt(i int) ([]byte, error) {
 // if the kernel gave none).
 func (c *batchConn) rfrom(i int) *unix.RawSockaddrInet4 { return &c.rnames[i] }
 
+// datagram returns the source and bytes of datagram i of the last recv (rfrom and rpkt at once,
+// the recvSource interface that the worker's XDP socket also serves).
+func (c *batchConn) datagram(i int) (*unix.RawSockaddrInet4, []byte, error) {
+	b, err := c.rpkt(i)
+	return &c.rnames[i], b, err
+}
+
 // free reports how many more messages fit in the send batch.
 func (c *batchConn) free() int { return len(c.smsgs) - c.sq }
 

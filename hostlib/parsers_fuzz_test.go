@@ -558,7 +558,7 @@ func FuzzWorkerResult(f *testing.F) {
 			missable := w.op.active && w.op.low <= fzAskedFrag && fzAskedFrag < w.op.next && af.idx == fzAskedFrag &&
 				af.askedCache && af.state == fragFixed
 			w.mu.Lock()
-			w.handleResult(slot)
+			w.handleResult(w.bc.datagram(slot))
 			gotAck := w.ackGot
 			w.mu.Unlock()
 			st := w.Stats()

@@ -96,7 +96,7 @@ func TestWorkerResultSources(t *testing.T) {
 			fzInject(w.bc, 0, fzResult(0, flags, wire.EncFixed32, 5), c.from)
 			before := slices.Clone(data)
 			w.mu.Lock()
-			w.handleResult(0)
+			w.handleResult(w.bc.datagram(0))
 			w.mu.Unlock()
 			s := w.Stats()
 			if c.taken {

@@ -11,7 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/xdpagg/xdpagg/bpf/host"
 
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/wire"
@@ -73,6 +76,17 @@ type WorkerConfig struct {
 	// wire.ValuesForMTU(mtu). Default wire.StdValues (360, a 1500-byte MTU); at most wire.MaxValues
 	// (832, MTU 3388). Every worker of a job must use the same K: it decides the fragments.
 	ValuesPerPacket int
+	// AFXDP receives results through an AF_XDP socket instead of the UDP socket: NewWorker loads
+	// the host program xdpagg_host (package bpf/host) and attaches it, in native mode, to the
+	// interface holding Local's address (which must be set), where it redirects this job's
+	// results to Local into the socket, bound to receive queue 0 in copy mode; results never
+	// become skbs. Everything else (control messages, results on other queues) still reaches
+	// the UDP socket, and sending stays there. Both paths apply the same checks to what they
+	// receive. The interface must run no other XDP program (on a veth, xdpagg_host also does
+	// xdpagg_pass's job). NewWorker fails with ErrAFXDP if AF_XDP cannot be set up, unless
+	// AFXDPFallback: then the worker receives on its UDP socket alone and Worker.AFXDP says why.
+	AFXDP         bool
+	AFXDPFallback bool
 	// JobKey is the job's control key (ctlauth.KeySize bytes, from `xdpagg job add`; parse its
 	// hex with ctlauth.ParseKey). Join and Leave need it: every control message the worker sends
 	// (JOIN, LEAVE, and after a Join its ACKs and RETRANSMITs) is authenticated with it, and so
@@ -276,6 +290,15 @@ type Worker struct {
 	resumedHalt uint32
 	resumed     bool
 
+	// AF_XDP receive (WorkerConfig.AFXDP): the socket, the host program and its attachment, the
+	// socket's receive goroutine (xskDone, xskErr as recvDone, recvErr), or why it is off.
+	xsk      *xskConn
+	xskObjs  *host.HostObjects
+	xskLink  link.Link
+	xskDone  chan struct{}
+	xskErr   error
+	xskFallb error
+
 	closeOnce sync.Once
 	closing   chan struct{}
 	recvDone  chan struct{}
@@ -370,7 +393,19 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if !cfg.NoGSO {
 		bc.enableGSO()
 	}
-	go w.receive()
+	if cfg.AFXDP {
+		if err := w.startAFXDP(); err != nil {
+			if !cfg.AFXDPFallback {
+				bc.close()
+				return nil, fmt.Errorf("worker %d of job %d: %w", cfg.WorkerID, cfg.JobID, err)
+			}
+			w.xskFallb = err
+		}
+	}
+	go w.receive(w.bc, w.recvDone, &w.recvErr)
+	if w.xsk != nil {
+		go w.receive(w.xsk, w.xskDone, &w.xskErr)
+	}
 	return w, nil
 }
 
@@ -415,6 +450,9 @@ func (w *Worker) Close() error {
 		close(w.closing)
 		err = w.bc.close()
 		<-w.recvDone
+		if w.xsk != nil {
+			w.stopAFXDP()
+		}
 	})
 	return err
 }
@@ -510,6 +548,8 @@ func (w *Worker) allReduce(ctx context.Context, data []float32, listen bool, bit
 			return fmt.Errorf("allreduce: %w", ErrClosed)
 		case <-w.recvDone:
 			return fmt.Errorf("allreduce: receive: %w", w.recvErr)
+		case <-w.xskDone: // nil without AF_XDP: never ready
+			return fmt.Errorf("allreduce: AF_XDP receive: %w", w.xskErr)
 		}
 	}
 }
@@ -766,26 +806,34 @@ func (w *Worker) encode(f *fragment, enc uint8, flags uint16) {
 	f.plen = wire.HdrSize + 4*len(vals)
 }
 
-// receive is the worker's one receive goroutine: it takes results in batches and writes them
-// straight into the running AllReduce's tensor.
-func (w *Worker) receive() {
-	defer close(w.recvDone)
+// recvSource is where a worker's receive goroutine takes datagrams from, in batches: its UDP
+// socket (batchConn), and with WorkerConfig.AFXDP its AF_XDP socket (xskConn).
+type recvSource interface {
+	recv() (int, error)
+	datagram(i int) (from *unix.RawSockaddrInet4, b []byte, err error)
+}
+
+// receive is a receive goroutine of the worker (one per recvSource): it takes results in batches
+// and writes them straight into the running AllReduce's tensor. When it stops it sets *errp and
+// closes done.
+func (w *Worker) receive(src recvSource, done chan struct{}, errp *error) {
+	defer close(done)
 	for {
-		n, err := w.bc.recv()
+		n, err := src.recv()
 		if err != nil {
 			if isClosed(err) {
-				w.recvErr = ErrClosed
+				*errp = ErrClosed
 				return
 			}
 			if transientRecv(err) {
 				continue
 			}
-			w.recvErr = err
+			*errp = err
 			return
 		}
 		w.mu.Lock()
 		for i := 0; i < n; i++ {
-			w.handleResult(i)
+			w.handleResult(src.datagram(i))
 		}
 		w.mu.Unlock()
 		select { // wake AllReduce; a pending kick already will
@@ -795,22 +843,25 @@ func (w *Worker) receive() {
 	}
 }
 
-// handleResult applies datagram i of the last receive batch. Called with mu held.
+// handleResult applies a datagram of the last receive batch: b from `from`, or the error reading
+// it. Called with mu held.
 //
 // What is accepted depends on where it comes from, checked first and cheaply (the source
 // address recvmmsg wrote next to each datagram): results from the PS's address and port, or
 // after a Join from the switch agent's (its retransmit cache); acknowledgements only from the
 // switch address the worker sends control messages to, and only authenticated (handleAck).
 // Anything else is counted Foreign and not even parsed.
-func (w *Worker) handleResult(i int) {
-	from := w.bc.rfrom(i)
+func (w *Worker) handleResult(from *unix.RawSockaddrInet4, b []byte, err error) {
+	if err == errFrame {
+		w.st.malformed.Add(1) // not even a datagram to this worker: no source to check
+		return
+	}
 	fromPS := sameSource(from, &w.psAddr)
 	fromAgent := (w.ctrlSet && sameSource(from, &w.ctrlRaw)) || (w.ackPending && sameSource(from, &w.ackFrom))
 	if !fromPS && !fromAgent {
 		w.st.foreign.Add(1)
 		return
 	}
-	b, err := w.bc.rpkt(i)
 	if err != nil {
 		w.st.malformed.Add(1)
 		return

@@ -212,7 +212,8 @@ type frame struct {
 	moreFrags      bool
 	badChecksum    bool
 	payload        []byte
-	trailing       int // bytes after the IPv4 total length
+	trailing       int    // bytes after the IPv4 total length
+	udpChecksum    uint16 // 0: none
 }
 
 func (f frame) bytes() []byte {
@@ -251,7 +252,7 @@ func (f frame) bytes() []byte {
 	b = binary.BigEndian.AppendUint16(b, f.sport)
 	b = binary.BigEndian.AppendUint16(b, f.dport)
 	b = binary.BigEndian.AppendUint16(b, uint16(udpLen))
-	b = append(b, 0, 0) // no UDP checksum
+	b = binary.BigEndian.AppendUint16(b, f.udpChecksum)
 	b = append(b, f.payload...)
 	return append(b, make([]byte, f.trailing)...)
 }

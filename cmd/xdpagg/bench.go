@@ -31,7 +31,7 @@ type benchOutput struct {
 func runBench(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (
-		modes   = fs.String("modes", strings.Join(bench.AllModes, ","), "modes to compare: xdpagg,ps,ring,gloo")
+		modes   = fs.String("modes", strings.Join(bench.AllModes, ","), "modes to compare: xdpagg,ps,ring,gloo; also xdpagg-udp (xdpagg with the workers receiving on their UDP sockets instead of AF_XDP, for A/B runs)")
 		sizes   = fs.String("sizes", "40KB,4MiB,64MiB", "tensor sizes (float32 bytes per worker): NNN, NNNKB, NNNMiB")
 		workers = fs.String("workers", "2,4,8", "worker counts")
 		rounds  = fs.Int("rounds", 0, "interleaved rounds per cell (0: 9, or 5 for sizes >= 16MiB)")

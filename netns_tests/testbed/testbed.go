@@ -48,6 +48,10 @@ type Options struct {
 	// (bound to WorkerPort+j for Jobs[j]) and its own switch members. Bed.Workers and
 	// Bed.AllReduce are then Jobs[0]'s.
 	Jobs []JobSpec
+	// AFXDP makes every worker receive its results through AF_XDP (hostlib.WorkerConfig.AFXDP):
+	// the worker hosts' xdpagg_pass is detached and each worker attaches its own xdpagg_host,
+	// which also passes everything else. The PS host keeps xdpagg_pass.
+	AFXDP bool
 }
 
 // JobSpec describes one job of a multi-job testbed (Options.Jobs).
@@ -251,6 +255,16 @@ func New(opts Options) (b *Bed, err error) {
 	b.psDone = make(chan error, 1)
 	go func() { b.psDone <- b.PS.Serve(ctx) }()
 
+	if opts.AFXDP {
+		// One XDP program per interface: the workers bring their own.
+		for _, h := range b.Topo.Workers {
+			if h.XDPLink != nil {
+				if err = h.XDPLink.Close(); err != nil {
+					return b, fmt.Errorf("detach xdpagg_pass from %s: %w", h.Name, err)
+				}
+			}
+		}
+	}
 	for _, job := range b.Jobs {
 		js := job.Spec
 		window, timeout := js.Window, js.Timeout
@@ -265,7 +279,7 @@ func New(opts Options) (b *Bed, err error) {
 				JobID: js.ID, WorkerID: uint8(i), NumWorkers: uint8(len(job.Hosts)),
 				Local: netip.AddrPortFrom(w.IP, job.Port), PS: psAddr, JobKey: job.Key,
 				PoolSize: opts.Switch.PoolSize, Window: window, ScaleLog2: opts.ScaleLog2, Timeout: timeout,
-				ValuesPerPacket: b.ValuesPerPacket(),
+				ValuesPerPacket: b.ValuesPerPacket(), AFXDP: opts.AFXDP,
 			}
 			if opts.ExtraWorker != nil {
 				opts.ExtraWorker(i, &cfg)
