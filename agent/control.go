@@ -783,3 +783,11 @@ func (c *ControlServer) forgetJob(job uint32) { c.forget(func(j uint32) bool { r
 func (c *ControlServer) restoredMember(job uint32, worker uint8) {
 	c.touch(workerRef{job: job, worker: worker}, time.Now())
 }
+
+// unboundMember forgets the member TTL of a worker id whose binding the controller removed (a
+// sync), as a LEAVE does.
+func (c *ControlServer) unboundMember(job uint32, worker uint8) {
+	c.mu.Lock()
+	delete(c.lastSeen, workerRef{job: job, worker: worker})
+	c.mu.Unlock()
+}
