@@ -162,8 +162,8 @@ func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *ru
 	a.startPS(ctx, t, spec)
 	spec.key = key
 	j := a.startJob(ctx, t, spec)
-	e.waitView(t, "the replica holding every member", 30*time.Second, func(v controller.View) bool {
-		return len(v.Groups) == 1 && len(v.Groups[0].Members) == len(j.hosts)
+	e.waitView(t, "the replica holding every member, mirrored onto the standby", 30*time.Second, func(v controller.View) bool {
+		return len(v.Groups) == 1 && len(v.Groups[0].Members) == len(j.hosts) && v.Groups[0].Hot && !v.Groups[0].Mirrored.Before(v.Groups[0].ReplicaTaken)
 	})
 	return j
 }
@@ -298,6 +298,9 @@ func (e *failoverEnv) failPrimary(ctx context.Context, t *testing.T, j *runningJ
 	r := failure{killToOff: down.Sub(killed)}
 	r.longest, _ = stall()
 	r.f = e.checkMoved(t, v, controller.ReasonFailed, "replica", len(j.hosts))
+	if !r.f.Hot {
+		t.Errorf("the failover's target was not a hot standby: %+v", r.f)
+	}
 	r.decided = r.f.Started.Sub(killed)
 	select {
 	case r.recovery = <-next:
@@ -323,9 +326,11 @@ func (e *failoverEnv) checkMoved(t *testing.T, v controller.View, reason, source
 
 // TestFailoverPrimaryKilled: issue 10 (a). The primary's agent is SIGKILLed mid-job, its XDP
 // detached and its ports taken down. The hosts' kernels move the traffic to the standby (carrier
-// loss); the controller declares the primary failed (3 heartbeats of 100 ms) and restores its
-// replica (jobs, keys, members) on the standby; what the primary was aggregating is recovered by
-// the workers' resends and the PS. Every allreduce is exact; the standby aggregates afterwards.
+// loss), which is hot: the controller has mirrored the primary's jobs, keys and members onto it
+// at every replica, so it aggregates at once; what the primary was aggregating is recovered by
+// the workers' resends and the PS. The controller then declares the primary failed (3
+// heartbeats of 100 ms) and restores the replica on the standby without resetting it (the
+// record says hot). Every allreduce is exact; the standby aggregates afterwards.
 func TestFailoverPrimaryKilled(t *testing.T) {
 	const job = 71
 	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 0)
@@ -435,7 +440,8 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // the job runs on without a controller
 	e.startController(t)
 	e.waitView(t, "heartbeating again", 30*time.Second, func(v controller.View) bool {
-		return v.Time.After(before.Time) && len(v.Groups[0].Switches) == 2 && v.Groups[0].Switches[0].State == controller.StateHealthy
+		return v.Time.After(before.Time) && len(v.Groups[0].Switches) == 2 && v.Groups[0].Switches[0].State == controller.StateHealthy &&
+			v.Groups[0].Hot // the new controller reset the standby's job and mirrored the primary onto it
 	})
 	after, _ := e.view()
 	if after.Jobs[0].KeyFile != before.Jobs[0].KeyFile {
