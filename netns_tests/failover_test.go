@@ -438,10 +438,13 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	e.killController(t)
 	time.Sleep(300 * time.Millisecond) // the job runs on without a controller
+	restarted := time.Now()
 	e.startController(t)
-	e.waitView(t, "heartbeating again", 30*time.Second, func(v controller.View) bool {
+	e.waitView(t, "heartbeating and mirroring again", 30*time.Second, func(v controller.View) bool {
+		// Mirrored after the restart: the new controller reset the standby's job and mirrored the
+		// primary onto it (the old one's last status files are newer than before, too).
 		return v.Time.After(before.Time) && len(v.Groups[0].Switches) == 2 && v.Groups[0].Switches[0].State == controller.StateHealthy &&
-			v.Groups[0].Hot // the new controller reset the standby's job and mirrored the primary onto it
+			v.Groups[0].Hot && v.Groups[0].Mirrored.After(restarted)
 	})
 	after, _ := e.view()
 	if after.Jobs[0].KeyFile != before.Jobs[0].KeyFile {
@@ -506,4 +509,46 @@ func TestFailoverAttackerCannotForceDrain(t *testing.T) {
 	}
 	t.Logf("forged resends: %d frames; not_member +%d, duplicate +%d; no failover, job exact",
 		atk.sent.Load(), after["not_member"]-before["not_member"], after["duplicate"]-before["duplicate"])
+}
+
+// TestFailoverHotStandbyAttacked: the hot standby holds the job's members (mirrored from the
+// primary) and nothing else: a host on a standby port that is not a member sends it DATA for the
+// job — from its own address claiming worker 1, and with worker 1's address and MAC — while the
+// job runs on the primary. The standby holds every binding exactly as the primary does (address,
+// UDP port, port), so it drops it all (not_member) and aggregates nothing; the job stays exact.
+func TestFailoverHotStandbyAttacked(t *testing.T) {
+	const job = 75
+	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 1)
+	atk := newAttacker(t, e.tp, e.tp.Workers[3])
+	w1, ps := e.hosts[1], e.tp.PS
+	data := func(seq uint32) []byte {
+		return xpkt(wire.Header{Type: wire.MsgData, JobId: job, Seq: seq, AggIndex: seq % failoverPool,
+			Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
+	}
+	before := inspect(t, e.bin, e.pinS).Counters
+	var seq uint32
+	start := time.Now()
+	during(func() {
+		for range 8 {
+			seq++
+			atk.sendOn(t, atk.h.Ifindex2, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data(seq)), 1)
+			f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data(seq))
+			f.srcMAC = w1.MAC
+			atk.sendOn(t, atk.h.Ifindex2, f, 1)
+		}
+	}, func() {
+		for time.Since(start) < time.Second {
+			reduceExact(ctx, t, j, 1, 50_000, uint64(seq))
+		}
+	})
+	after := inspect(t, e.bin, e.pinS).Counters
+	grew(t, before, after, "not_member", 100)
+	if d := after["aggregated"] - before["aggregated"]; d != 0 {
+		t.Errorf("the standby aggregated %d forged DATA", d)
+	}
+	if v, err := e.view(); err != nil || !v.Groups[0].Hot || v.Groups[0].Active != "sw-a" {
+		t.Errorf("view %+v %v", v.Groups, err)
+	}
+	t.Logf("forged DATA to the hot standby: %d frames; not_member +%d, aggregated +0; job exact",
+		atk.sent.Load(), after["not_member"]-before["not_member"])
 }
