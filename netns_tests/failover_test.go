@@ -461,6 +461,20 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	}
 }
 
+// forgeWorker1 sends, out of the attacker's link ifindex (Ifindex: to the primary, Ifindex2: to
+// the standby), DATA seq of job claiming worker 1 (with flags): once from the attacker's own
+// address, once with worker 1's address and MAC.
+func (e *failoverEnv) forgeWorker1(t *testing.T, atk *attacker, ifindex int, job, seq uint32, flags uint16) {
+	t.Helper()
+	w1, ps := e.hosts[1], e.tp.PS
+	data := xpkt(wire.Header{Type: wire.MsgData, JobId: job, Seq: seq, AggIndex: seq % failoverPool, Flags: flags,
+		Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
+	atk.sendOn(t, ifindex, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data), 1)
+	f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data)
+	f.srcMAC = w1.MAC
+	atk.sendOn(t, ifindex, f, 1)
+}
+
 // TestFailoverAttackerCannotForceDrain: a host on a switch port that is not a member floods the
 // primary with DATA for the job flagged as resends — from its own address claiming worker 1,
 // and with worker 1's address and MAC — while the job runs under the tight degradation policy.
@@ -471,21 +485,13 @@ func TestFailoverAttackerCannotForceDrain(t *testing.T) {
 	const job = 74
 	e, ctx, j := runFailoverJob(t, job, tightDegrade, 1)
 	atk := newAttacker(t, e.tp, e.tp.Workers[3])
-	w1, ps := e.hosts[1], e.tp.PS
-	data := func(seq uint32) []byte {
-		return xpkt(wire.Header{Type: wire.MsgData, JobId: job, Seq: seq, AggIndex: seq % failoverPool, Flags: wire.FlagResend,
-			Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
-	}
 	before := inspect(t, e.bin, e.pinP).Counters
 	var seq uint32
 	start := time.Now()
 	during(func() {
 		for range 8 {
 			seq++
-			atk.send(t, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data(seq)), 1)
-			f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data(seq))
-			f.srcMAC = w1.MAC
-			atk.send(t, f, 1)
+			e.forgeWorker1(t, atk, atk.h.Ifindex, job, seq, wire.FlagResend)
 		}
 	}, func() {
 		// At least 15 heartbeats (five policy windows) of attack, with the job running.
@@ -520,21 +526,13 @@ func TestFailoverHotStandbyAttacked(t *testing.T) {
 	const job = 75
 	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 1)
 	atk := newAttacker(t, e.tp, e.tp.Workers[3])
-	w1, ps := e.hosts[1], e.tp.PS
-	data := func(seq uint32) []byte {
-		return xpkt(wire.Header{Type: wire.MsgData, JobId: job, Seq: seq, AggIndex: seq % failoverPool,
-			Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
-	}
 	before := inspect(t, e.bin, e.pinS).Counters
 	var seq uint32
 	start := time.Now()
 	during(func() {
 		for range 8 {
 			seq++
-			atk.sendOn(t, atk.h.Ifindex2, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data(seq)), 1)
-			f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data(seq))
-			f.srcMAC = w1.MAC
-			atk.sendOn(t, atk.h.Ifindex2, f, 1)
+			e.forgeWorker1(t, atk, atk.h.Ifindex2, job, seq, 0)
 		}
 	}, func() {
 		for time.Since(start) < time.Second {
