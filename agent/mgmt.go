@@ -478,7 +478,10 @@ func (g *Manager) admitAll(s *mgmt.Snapshot, st *mgmt.RestoreStats, what string)
 // snapshot's jobs it makes the bindings equal to the snapshot's: a worker id bound here as in
 // the snapshot (address, UDP port, port name, MAC) is kept; one bound otherwise is replaced; one
 // the snapshot does not bind (it left, or its job lost it) is removed, with its right to
-// contribute. The jobs in Gone are removed. Slots, registers, records and the cache are not
+// contribute. A binding a worker made by a JOIN to this switch is left as it is unless r.Force
+// (it joined here because its traffic reached this switch: this switch is serving it, and the
+// snapshot of the other one is older news); such entries are counted skipped. The jobs in Gone
+// are removed. Slots, registers, records and the cache are not
 // touched (a snapshot carrying any is refused): what this switch aggregates is its own.
 // Bindings are exactly the active switch's, so this switch admits no packet the active one would
 // not (docs/security.md).
@@ -521,6 +524,7 @@ func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
 	if err != nil {
 		return st, err
 	}
+	keep := func(job uint32, w uint8) bool { return !r.Force && g.ctrl.joinedHere(job, w) }
 	for _, mb := range have {
 		if _, ok := ours[mb.JobID]; !ok {
 			continue
@@ -528,6 +532,9 @@ func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
 		w, ok := want[ref{mb.JobID, mb.WorkerID}]
 		if ok && w.Ifindex == mb.Ifindex && w.Addr == mb.Addr && bytes.Equal(w.MAC, mb.MAC) {
 			continue
+		}
+		if keep(mb.JobID, mb.WorkerID) {
+			continue // counted below, with its worker id
 		}
 		if err := g.maps.DeleteMember(mb.JobID, mb.Ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return st, err
@@ -548,6 +555,17 @@ func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
 			if wanted && bound && b.Ifindex == mb.Ifindex && b.Addr == mb.Addr {
 				if _, err := g.maps.Member(id, mb.Ifindex); err == nil {
 					st.Members++
+					continue
+				}
+			}
+			if bound && keep(id, w) {
+				st.Skipped++ // joined here: not the mirror's to change
+				continue
+			}
+			if wanted {
+				// Behind the port it goes to, another worker id that joined here keeps its place.
+				if other, err := g.maps.Member(id, mb.Ifindex); err == nil && other.WorkerID != w && keep(id, other.WorkerID) {
+					st.Skipped++
 					continue
 				}
 			}

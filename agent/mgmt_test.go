@@ -659,11 +659,12 @@ func TestSnapshotFullPool(t *testing.T) {
 // snapshot's jobs exactly the active switch's: a worker rebound on a new UDP port is replaced
 // (its old address may no longer contribute), one that left is unbound, one bound as in the
 // snapshot is kept; the standby's slots, and its own job, are untouched; a second sync changes
-// nothing. Sync refuses whatever is not a control snapshot, and a job both kept and gone; a job
-// gone from the active switch is removed.
+// nothing. Bindings workers made by JOIN on the standby (their traffic reached it) are left alone
+// unless the sync is forced. Sync refuses whatever is not a control snapshot, and a job both
+// kept and gone; a job gone from the active switch is removed.
 func TestSync(t *testing.T) {
-	a := newMgSwitch(t, "primary", 7)
-	b := newMgSwitch(t, "standby", 17)
+	a := newMgSwitch(t, "primary", 17)
+	b := newMgSwitch(t, "standby", 7) // its control server's ports: testPort is its p1, testPort2 its p2
 	j := mgmt.Job{ID: denseJob, Workers: 3, PS: netip.MustParseAddrPort("10.9.0.2:9510"), PSPort: "p1", Key: mgKey(t)}
 	own := mgmt.Job{ID: localJob, Workers: 2, PS: netip.MustParseAddrPort("10.9.3.2:9512"), PSPort: "p1", Key: mgKey(t)}
 	for _, s := range []*mgSwitch{a, b} {
@@ -676,8 +677,8 @@ func TestSync(t *testing.T) {
 	}
 	mac := func(i byte) net.HardwareAddr { return net.HardwareAddr{2, 0, 0, 0, 9, i} }
 	w0 := netip.MustParseAddrPort("10.9.1.1:7000")
-	w1 := netip.MustParseAddrPort("10.9.1.2:7001") // worker 1 restarted on a new port
-	w1old := netip.MustParseAddrPort("10.9.1.2:7000")
+	w1 := netip.MustParseAddrPort("127.0.0.2:7001") // worker 1 restarted on a new port (loopback: the standby ACKs its JOIN below)
+	w1old := netip.MustParseAddrPort("127.0.0.2:7000")
 	w2 := netip.MustParseAddrPort("10.9.1.3:7000")
 	bind := func(s *mgSwitch, job uint32, w uint8, port int, addr netip.AddrPort) {
 		t.Helper()
@@ -711,6 +712,8 @@ func TestSync(t *testing.T) {
 		port int
 		addr netip.AddrPort
 	}
+	// check checks job's bindings on the standby; those the mirror made have the snapshot's MACs
+	// and the standby's port MACs (a JOIN's have its own).
 	check := func(what string, job uint32, want []binding) {
 		t.Helper()
 		for w := range uint8(3) {
@@ -731,7 +734,7 @@ func TestSync(t *testing.T) {
 		for _, m := range ms {
 			if m.JobID == job {
 				eg = append(eg, binding{m.WorkerID, slices.IndexFunc(b.ports, func(p MgmtPort) bool { return uint32(p.Ifindex) == m.Ifindex }), m.Addr})
-				if p := b.ports[eg[len(eg)-1].port]; !bytes.Equal(m.PortMAC, p.MAC) || !bytes.Equal(m.MAC, mac(m.WorkerID)) {
+				if p := b.ports[eg[len(eg)-1].port]; !b.ctrl.joinedHere(job, m.WorkerID) && (!bytes.Equal(m.PortMAC, p.MAC) || !bytes.Equal(m.MAC, mac(m.WorkerID))) {
 					t.Errorf("%s: member %+v: MACs, want port %v", what, m, p.MAC)
 				}
 			}
@@ -747,6 +750,26 @@ func TestSync(t *testing.T) {
 	}
 	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 2}) {
 		t.Errorf("second Sync: %+v %v", st, err)
+	}
+
+	// Worker 1 restarts on a new UDP port and JOINs the standby (the primary's links died; its
+	// agent still answers, so the controller still mirrors the primary's older binding).
+	w1j := netip.MustParseAddrPort("127.0.0.2:7009")
+	if err := b.ctrl.handle(join(t, j.Key, 1, 1), testPort2, w1j); err != nil {
+		t.Fatalf("JOIN of worker 1 on the standby: %v", err)
+	}
+	joined := []binding{{0, 0, w0}, {1, 1, w1j}}
+	check("after the JOIN", denseJob, joined)
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 1, Skipped: 1}) {
+		t.Errorf("Sync over a joined binding: %+v %v, want worker 0 kept, worker 1 skipped", st, err)
+	}
+	check("a mirror after the JOIN", denseJob, joined)
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap, Force: true}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 2, Unbound: 1}) {
+		t.Errorf("forced Sync: %+v %v, want worker 1 replaced", st, err)
+	}
+	check("a forced mirror", denseJob, []binding{{0, 0, w0}, {1, 1, w1}})
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 2}) {
+		t.Errorf("Sync after the forced one: %+v %v", st, err)
 	}
 
 	// Refusals, before anything is written.

@@ -410,7 +410,10 @@ func (c *Controller) replicate(ctx context.Context, g GroupConfig, active string
 // that answers: once the active switch misses a heartbeat its hosts may be on the standby
 // already, binding there what no stale snapshot may overwrite. The first mirror onto a standby
 // resets the group's jobs there first (what it holds of them is from its last time as the
-// active switch; no traffic reaches a standby, so nothing live is cleared).
+// active switch; no traffic reaches a standby, so nothing live is cleared), and replaces the
+// bindings workers made there by JOIN; later mirrors leave those alone (a worker that joined the
+// standby had its traffic reach it: the active switch's links may be dead while its agent still
+// answers).
 func (c *Controller) mirror(ctx context.Context, g GroupConfig, active string, snap *mgmt.Snapshot) {
 	standby := other(g, active)
 	ok := !snap.Draining
@@ -453,7 +456,9 @@ func (c *Controller) mirror(ctx context.Context, g GroupConfig, active string, s
 		}
 	}
 	err := c.callFor(ctx, c.opt.ReplicaEvery, func(ctx context.Context) error {
-		_, err := c.sw[standby].Sync(ctx, mgmt.SyncRequest{Snapshot: snap, Gone: gone})
+		// The first mirror after the reset also replaces what workers bound there by JOIN (from
+		// its time as the active switch); later ones leave those alone (mgmt.SyncRequest.Force).
+		_, err := c.sw[standby].Sync(ctx, mgmt.SyncRequest{Snapshot: snap, Gone: gone, Force: !hot})
 		return err
 	})
 	if err != nil {
@@ -493,7 +498,7 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 		cold := &mgmt.Snapshot{Switch: replica.Switch, Taken: replica.Taken, Scope: mgmt.ScopeControl, Pool: replica.Pool,
 			Arrays: replica.Arrays, Jobs: replica.Jobs}
 		err := c.call(ctx, func(ctx context.Context) error {
-			_, err := c.sw[to].Sync(ctx, mgmt.SyncRequest{Snapshot: cold})
+			_, err := c.sw[to].Sync(ctx, mgmt.SyncRequest{Snapshot: cold, Force: true})
 			return err
 		})
 		if err != nil {

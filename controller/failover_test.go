@@ -572,6 +572,15 @@ func TestHotStandby(t *testing.T) {
 	if first := slices.Index(log, "sync"); b.called("reset 7") != 1 || first < 0 || slices.Index(log, "reset 7") > first {
 		t.Errorf("standby calls %v: want one reset 7 before the first sync", log)
 	}
+	// The first mirror after the reset replaces bindings workers made there by JOIN; the others
+	// leave those alone.
+	b.mu.Lock()
+	for i, r := range b.syncs {
+		if r.Force != (i == 0) {
+			t.Errorf("mirror %d: force %v", i, r.Force)
+		}
+	}
+	b.mu.Unlock()
 	// A mirror for every replica read (the last one may be between its two calls).
 	if r, m := a.called("snapshot 0"), b.called("sync"); m < r-1 || m > r {
 		t.Errorf("%d replicas, %d mirrors", r, m)
@@ -697,7 +706,7 @@ func TestOperatorFailover(t *testing.T) {
 			k++
 		}
 	}
-	if drain < 0 || k == 0 || len(b.syncs[k-1].Snapshot.Members) != 0 || len(b.syncs[k-1].Snapshot.Jobs) != 1 {
+	if drain < 0 || k == 0 || len(b.syncs[k-1].Snapshot.Members) != 0 || len(b.syncs[k-1].Snapshot.Jobs) != 1 || !b.syncs[k-1].Force {
 		t.Errorf("the standby was not cooled (a sync without members) right before the drain: %v", log)
 	}
 	if gs := p.state(t).Groups["g"]; gs.Active != p.standby || !gs.Armed || gs.Failovers[ReasonOperator] != 1 {

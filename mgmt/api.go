@@ -123,13 +123,19 @@ type RestoreStats struct {
 // is kept), Sync makes this switch's jobs and members equal to the snapshot's for the snapshot's
 // jobs: jobs admitted (or found admitted with the same key and parameters) and given the
 // snapshot's H, worker ids bound exactly as in the snapshot (address, UDP port, port name),
-// bindings of those jobs that the snapshot does not have removed, and the jobs in Gone removed.
-// Slots, registers, records and the cache are never read or written: only a control snapshot
+// bindings of those jobs that the snapshot does not have removed (except, without Force, those a
+// worker made by a JOIN to this switch), and the jobs in Gone removed. Slots, registers, records and the cache are never read or written: only a control snapshot
 // (ScopeControl) is accepted.
 type SyncRequest struct {
 	Snapshot *Snapshot `json:"snapshot"`
 	// Gone: jobs the controller owns on this group that the snapshot's switch no longer has.
 	Gone []uint32 `json:"gone,omitempty"`
+	// Force: replace and remove bindings that workers made by a JOIN to this switch too. Without
+	// it they are kept (and counted skipped): a worker joined here because its traffic reached
+	// this switch, which a snapshot of the other one may not know yet. The controller forces the
+	// first mirror after it reset the standby and the cooling before a drain, when it knows no
+	// traffic of the jobs reaches this switch.
+	Force bool `json:"force,omitempty"`
 }
 
 // Syncer is the Handler's optional Sync (added after the first Handler; a Handler without it
