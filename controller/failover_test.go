@@ -447,6 +447,24 @@ func TestFailoverOnDegradation(t *testing.T) {
 	t.Logf("degraded failover: %s; drain %v, snapshot %v, restore %v, total %v", f.Detail, f.Drain, f.Snapshot, f.Restore, f.Total)
 
 	// Prometheus: the failover by reason, the active switch, the migrated entries.
+	got := metrics(t, c)
+	for k, want := range map[string]float64{
+		"xdpagg_controller_failovers_total,g,degraded": 1, "xdpagg_controller_failovers_total,g,failed": 0,
+		"xdpagg_controller_active_switch,g,sw-b": 1, "xdpagg_controller_active_switch,g,sw-a": 0,
+		"xdpagg_controller_migrated_entries,g,slots": 2, "xdpagg_controller_migrated_entries,g,members": 2,
+	} {
+		if v, ok := got[k]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
+		}
+	}
+	if _, ok := got["xdpagg_controller_migration_seconds,g,total"]; !ok {
+		t.Error("no migration seconds")
+	}
+}
+
+// metrics gathers the controller's collector: "name,label values..." -> value.
+func metrics(t *testing.T, c *Controller) map[string]float64 {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewControllerCollector(c))
 	mfs, err := reg.Gather()
@@ -463,18 +481,7 @@ func TestFailoverOnDegradation(t *testing.T) {
 			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
-	for k, want := range map[string]float64{
-		"xdpagg_controller_failovers_total,g,degraded": 1, "xdpagg_controller_failovers_total,g,failed": 0,
-		"xdpagg_controller_active_switch,g,sw-b": 1, "xdpagg_controller_active_switch,g,sw-a": 0,
-		"xdpagg_controller_migrated_entries,g,slots": 2, "xdpagg_controller_migrated_entries,g,members": 2,
-	} {
-		if v, ok := got[k]; !ok || v != want {
-			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
-		}
-	}
-	if _, ok := got["xdpagg_controller_migration_seconds,g,total"]; !ok {
-		t.Error("no migration seconds")
-	}
+	return got
 }
 
 // TestFailoverOnSlowAnswers: with MaxRTT set, an active switch whose agent answers every
@@ -587,6 +594,9 @@ func TestHotStandby(t *testing.T) {
 	}
 	if v := c.View(); !v.Groups[0].Hot || v.Groups[0].Mirrored.IsZero() {
 		t.Errorf("view: hot %v mirrored %v", v.Groups[0].Hot, v.Groups[0].Mirrored)
+	}
+	if v := metrics(t, c)["xdpagg_controller_standby_hot,g"]; v != 1 {
+		t.Errorf("xdpagg_controller_standby_hot{group=g} = %v, want 1", v)
 	}
 	for _, f := range []*fakeSwitch{a, b} {
 		if f.called("restore") != 0 || f.called("drain") != 0 {
