@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -461,18 +462,37 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	}
 }
 
-// forgeWorker1 sends, out of the attacker's link ifindex (Ifindex: to the primary, Ifindex2: to
-// the standby), DATA seq of job claiming worker 1 (with flags): once from the attacker's own
-// address, once with worker 1's address and MAC.
-func (e *failoverEnv) forgeWorker1(t *testing.T, atk *attacker, ifindex int, job, seq uint32, flags uint16) {
+// forgeDuring runs j's allreduces (each exact) for d while the env's first extra host, no member,
+// sends DATA of the job claiming worker 1 (with flags) to the primary, or to the standby: from
+// its own address, and with worker 1's address and MAC. It returns the attacker and the counters
+// of the switch attacked before and after.
+func (e *failoverEnv) forgeDuring(ctx context.Context, t *testing.T, j *runningJob, standby bool, flags uint16, d time.Duration) (atk *attacker, before, after map[string]uint64) {
 	t.Helper()
+	atk = newAttacker(t, e.tp, e.tp.Workers[len(e.hosts)])
+	ifindex, pin := atk.h.Ifindex, e.pinP
+	if standby {
+		ifindex, pin = atk.h.Ifindex2, e.pinS
+	}
 	w1, ps := e.hosts[1], e.tp.PS
-	data := xpkt(wire.Header{Type: wire.MsgData, JobId: job, Seq: seq, AggIndex: seq % failoverPool, Flags: flags,
-		Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
-	atk.sendOn(t, ifindex, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data), 1)
-	f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data)
-	f.srcMAC = w1.MAC
-	atk.sendOn(t, ifindex, f, 1)
+	before = inspect(t, e.bin, pin).Counters
+	var seq atomic.Uint32
+	start := time.Now()
+	during(func() {
+		for range 8 {
+			s := seq.Add(1)
+			data := xpkt(wire.Header{Type: wire.MsgData, JobId: j.id, Seq: s, AggIndex: s % failoverPool, Flags: flags,
+				Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
+			atk.sendOn(t, ifindex, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data), 1)
+			f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data)
+			f.srcMAC = w1.MAC
+			atk.sendOn(t, ifindex, f, 1)
+		}
+	}, func() {
+		for time.Since(start) < d {
+			reduceExact(ctx, t, j, 1, 50_000, uint64(seq.Load()))
+		}
+	})
+	return atk, before, inspect(t, e.bin, pin).Counters
 }
 
 // TestFailoverAttackerCannotForceDrain: a host on a switch port that is not a member floods the
@@ -484,22 +504,8 @@ func (e *failoverEnv) forgeWorker1(t *testing.T, atk *attacker, ifindex int, job
 func TestFailoverAttackerCannotForceDrain(t *testing.T) {
 	const job = 74
 	e, ctx, j := runFailoverJob(t, job, tightDegrade, 1)
-	atk := newAttacker(t, e.tp, e.tp.Workers[3])
-	before := inspect(t, e.bin, e.pinP).Counters
-	var seq uint32
-	start := time.Now()
-	during(func() {
-		for range 8 {
-			seq++
-			e.forgeWorker1(t, atk, atk.h.Ifindex, job, seq, wire.FlagResend)
-		}
-	}, func() {
-		// At least 15 heartbeats (five policy windows) of attack, with the job running.
-		for time.Since(start) < 1500*time.Millisecond {
-			reduceExact(ctx, t, j, 1, 50_000, uint64(seq))
-		}
-	})
-	after := inspect(t, e.bin, e.pinP).Counters
+	// At least 15 heartbeats (five policy windows) of attack, with the job running.
+	atk, before, after := e.forgeDuring(ctx, t, j, false, wire.FlagResend, 1500*time.Millisecond)
 	// DATA is held to the member's exact registration (address, UDP port, switch port): both
 	// kinds fail it, before any slot (or resend counter) is touched.
 	grew(t, before, after, "not_member", 100)
@@ -525,21 +531,7 @@ func TestFailoverAttackerCannotForceDrain(t *testing.T) {
 func TestFailoverHotStandbyAttacked(t *testing.T) {
 	const job = 75
 	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 1)
-	atk := newAttacker(t, e.tp, e.tp.Workers[3])
-	before := inspect(t, e.bin, e.pinS).Counters
-	var seq uint32
-	start := time.Now()
-	during(func() {
-		for range 8 {
-			seq++
-			e.forgeWorker1(t, atk, atk.h.Ifindex2, job, seq, 0)
-		}
-	}, func() {
-		for time.Since(start) < time.Second {
-			reduceExact(ctx, t, j, 1, 50_000, uint64(seq))
-		}
-	})
-	after := inspect(t, e.bin, e.pinS).Counters
+	atk, before, after := e.forgeDuring(ctx, t, j, true, 0, time.Second)
 	grew(t, before, after, "not_member", 100)
 	if d := after["aggregated"] - before["aggregated"]; d != 0 {
 		t.Errorf("the standby aggregated %d forged DATA", d)
