@@ -93,9 +93,12 @@ type ControlServer struct {
 
 	mu       sync.Mutex
 	lastSeen map[workerRef]time.Time // last authenticated message from the worker id's current binding
-	halted   map[uint32]haltNotice   // jobs halted lately
-	help     map[helpKey]*helpReq    // results asked of members lately (member-assisted Help)
-	keys     map[uint32]string       // job -> the key its last authentic message opened under (admission)
+	// joined: worker ids whose current binding a JOIN made here (not the controller's restore or
+	// sync): a hot standby's mirror leaves them alone (Manager.Sync), as this switch took traffic.
+	joined map[workerRef]bool
+	halted map[uint32]haltNotice // jobs halted lately
+	help   map[helpKey]*helpReq  // results asked of members lately (member-assisted Help)
+	keys   map[uint32]string     // job -> the key its last authentic message opened under (admission)
 
 	replySrc net.IP // destination of the message being handled (Serve's goroutine only); nil: kernel's choice
 
@@ -138,7 +141,7 @@ func ListenControl(port uint16, m *maps.Maps, ports map[int]net.HardwareAddr, lo
 // newControlServer makes a server answering from raw (tests give it a plain loopback socket).
 func newControlServer(raw net.PacketConn, m *maps.Maps, ports map[int]net.HardwareAddr, log *slog.Logger) *ControlServer {
 	return &ControlServer{conn: ipv4.NewPacketConn(raw), raw: raw, maps: m, log: log, ports: ports,
-		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, keys: map[uint32]string{}, halted: map[uint32]haltNotice{},
+		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, joined: map[workerRef]bool{}, keys: map[uint32]string{}, halted: map[uint32]haltNotice{},
 		help: map[helpKey]*helpReq{}}
 }
 
@@ -444,6 +447,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return err
 		}
 		c.touch(ref, now)
+		c.mu.Lock()
+		c.joined[workerRef{job: h.JobId, worker: h.WorkerId}] = true
+		c.mu.Unlock()
 		if !bound || !isBinding(binding, ifindex, from) {
 			c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
 		}
@@ -454,6 +460,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			}
 			c.mu.Lock()
 			delete(c.lastSeen, ref)
+			delete(c.joined, workerRef{job: h.JobId, worker: h.WorkerId})
 			c.mu.Unlock()
 			c.log.Info("worker left", "job", h.JobId, "worker", h.WorkerId, "addr", from)
 		}
@@ -727,6 +734,11 @@ func (c *ControlServer) forget(drop func(job uint32) bool) {
 			delete(c.lastSeen, r)
 		}
 	}
+	for r := range c.joined {
+		if drop(r.job) {
+			delete(c.joined, r)
+		}
+	}
 	for j := range c.keys {
 		if drop(j) {
 			delete(c.keys, j)
@@ -781,5 +793,26 @@ func (c *ControlServer) forgetJob(job uint32) { c.forget(func(j uint32) bool { r
 // just sent an authenticated message: its binding is not takeable until it has been silent here
 // for MemberTTL.
 func (c *ControlServer) restoredMember(job uint32, worker uint8) {
-	c.touch(workerRef{job: job, worker: worker}, time.Now())
+	ref := workerRef{job: job, worker: worker}
+	c.touch(ref, time.Now())
+	c.mu.Lock()
+	delete(c.joined, ref) // the binding is the controller's now
+	c.mu.Unlock()
+}
+
+// unboundMember forgets the member TTL of a worker id whose binding the controller removed (a
+// sync), as a LEAVE does.
+func (c *ControlServer) unboundMember(job uint32, worker uint8) {
+	ref := workerRef{job: job, worker: worker}
+	c.mu.Lock()
+	delete(c.lastSeen, ref)
+	delete(c.joined, ref)
+	c.mu.Unlock()
+}
+
+// joinedHere says whether worker's current binding was made by a JOIN to this switch.
+func (c *ControlServer) joinedHere(job uint32, worker uint8) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.joined[workerRef{job: job, worker: worker}]
 }

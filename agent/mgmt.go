@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -54,7 +55,10 @@ type Manager struct {
 	draining bool
 }
 
-var _ mgmt.Handler = (*Manager)(nil)
+var (
+	_ mgmt.Handler = (*Manager)(nil)
+	_ mgmt.Syncer  = (*Manager)(nil)
+)
 
 // NewManager makes the management handler of the switch name over m and its control server.
 func NewManager(name string, m *maps.Maps, ctrl *ControlServer, ports []MgmtPort, log *slog.Logger) *Manager {
@@ -352,47 +356,12 @@ func (g *Manager) Restore(s *mgmt.Snapshot) (mgmt.RestoreStats, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var st mgmt.RestoreStats
-	if s.Pool != g.maps.PoolSize() || s.Arrays != g.maps.RegArrays() {
-		return st, fmt.Errorf("%w: pool %d and %d register arrays, this switch has %d and %d", mgmt.ErrIncompatible, s.Pool, s.Arrays, g.maps.PoolSize(), g.maps.RegArrays())
+	if err := g.fits(s); err != nil {
+		return st, err
 	}
-	for _, j := range s.Jobs {
-		if _, ok := g.portByName(j.PSPort); !ok {
-			return st, fmt.Errorf("%w: job %d's PS is behind port %q, which this switch does not have", mgmt.ErrIncompatible, j.ID, j.PSPort)
-		}
-		if j.Threshold > j.Workers || (j.Threshold != 0 && j.RegArrays > 0) {
-			return st, fmt.Errorf("%w: job %d: threshold %d for %d workers (sparse %v)", mgmt.ErrIncompatible, j.ID, j.Threshold, j.Workers, j.RegArrays > 0)
-		}
-	}
-	for _, mb := range s.Members {
-		if _, ok := g.portByName(mb.Port); !ok {
-			return st, fmt.Errorf("%w: worker %d of job %d is behind port %q, which this switch does not have", mgmt.ErrIncompatible, mb.Worker, mb.Job, mb.Port)
-		}
-	}
-
-	ours := map[uint32]maps.Job{} // jobs whose state this restore writes
-	for _, j := range s.Jobs {
-		if _, err := g.admit(j); err != nil {
-			if errors.Is(err, mgmt.ErrRefused) {
-				g.log.Warn("restore: job skipped", "job", j.ID, "err", err)
-				st.Skipped++
-				continue
-			}
-			return st, err
-		}
-		have, err := g.maps.Admission(j.ID)
-		if err != nil {
-			return st, err
-		}
-		if have.Threshold != j.Threshold {
-			// The snapshot's H is the one its switch aggregated with last (MSG_SETH may have
-			// moved it since the admission).
-			if err := g.maps.SetThreshold(j.ID, j.Threshold); err != nil {
-				return st, err
-			}
-			have.Threshold = j.Threshold
-		}
-		ours[j.ID] = have
-		st.Jobs++
+	ours, err := g.admitAll(s, &st, "restore")
+	if err != nil {
+		return st, err
 	}
 	for _, mb := range s.Members {
 		if _, ok := ours[mb.Job]; !ok {
@@ -446,6 +415,199 @@ func (g *Manager) Restore(s *mgmt.Snapshot) (mgmt.RestoreStats, error) {
 	}
 	g.log.Info("snapshot restored", "from", s.Switch, "taken", s.Taken, "jobs", st.Jobs, "members", st.Members,
 		"slots", st.Slots, "sparse", st.Sparse, "cache", st.Cache, "skipped", st.Skipped)
+	return st, nil
+}
+
+// fits refuses, with mgmt.ErrIncompatible and before anything is written, a snapshot of another
+// pool size or register array count, naming a port this switch does not have, or giving a job a
+// threshold beyond its workers.
+func (g *Manager) fits(s *mgmt.Snapshot) error {
+	if s.Pool != g.maps.PoolSize() || s.Arrays != g.maps.RegArrays() {
+		return fmt.Errorf("%w: pool %d and %d register arrays, this switch has %d and %d", mgmt.ErrIncompatible, s.Pool, s.Arrays, g.maps.PoolSize(), g.maps.RegArrays())
+	}
+	for _, j := range s.Jobs {
+		if _, ok := g.portByName(j.PSPort); !ok {
+			return fmt.Errorf("%w: job %d's PS is behind port %q, which this switch does not have", mgmt.ErrIncompatible, j.ID, j.PSPort)
+		}
+		if j.Threshold > j.Workers || (j.Threshold != 0 && j.RegArrays > 0) {
+			return fmt.Errorf("%w: job %d: threshold %d for %d workers (sparse %v)", mgmt.ErrIncompatible, j.ID, j.Threshold, j.Workers, j.RegArrays > 0)
+		}
+	}
+	for _, mb := range s.Members {
+		if _, ok := g.portByName(mb.Port); !ok {
+			return fmt.Errorf("%w: worker %d of job %d is behind port %q, which this switch does not have", mgmt.ErrIncompatible, mb.Worker, mb.Job, mb.Port)
+		}
+	}
+	return nil
+}
+
+// admitAll admits the snapshot's jobs (or finds them admitted with the same key and parameters)
+// and gives them the snapshot's H; it returns the jobs whose state the caller may write. A job
+// admitted here with another key or other parameters is skipped and counted.
+func (g *Manager) admitAll(s *mgmt.Snapshot, st *mgmt.RestoreStats, what string) (map[uint32]maps.Job, error) {
+	ours := map[uint32]maps.Job{}
+	for _, j := range s.Jobs {
+		if _, err := g.admit(j); err != nil {
+			if errors.Is(err, mgmt.ErrRefused) {
+				g.log.Warn(what+": job skipped", "job", j.ID, "err", err)
+				st.Skipped++
+				continue
+			}
+			return nil, err
+		}
+		have, err := g.maps.Admission(j.ID)
+		if err != nil {
+			return nil, err
+		}
+		if have.Threshold != j.Threshold {
+			// The snapshot's H is the one its switch aggregated with last (MSG_SETH may have
+			// moved it since the admission).
+			if err := g.maps.SetThreshold(j.ID, j.Threshold); err != nil {
+				return nil, err
+			}
+			have.Threshold = j.Threshold
+		}
+		ours[j.ID] = have
+		st.Jobs++
+	}
+	return ours, nil
+}
+
+// Sync mirrors the active switch's control snapshot here (mgmt.SyncRequest), so that this
+// standby aggregates for the job's members the moment the hosts' traffic reaches it. For the
+// snapshot's jobs it makes the bindings equal to the snapshot's: a worker id bound here as in
+// the snapshot (address, UDP port, port name, MAC) is kept; one bound otherwise is replaced; one
+// the snapshot does not bind (it left, or its job lost it) is removed, with its right to
+// contribute. A binding a worker made by a JOIN to this switch is left as it is unless r.Force
+// (it joined here because its traffic reached this switch: this switch is serving it, and the
+// snapshot of the other one is older news); such entries are counted skipped. The jobs in Gone
+// are removed. Slots, registers, records and the cache are not
+// touched (a snapshot carrying any is refused): what this switch aggregates is its own.
+// Bindings are exactly the active switch's, so this switch admits no packet the active one would
+// not (docs/security.md).
+func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var st mgmt.RestoreStats
+	s := r.Snapshot
+	if s.Scope != mgmt.ScopeControl || len(s.Slots) > 0 || len(s.Sparse) > 0 || len(s.Cache) > 0 {
+		return st, fmt.Errorf("%w: sync takes a control snapshot (jobs and members) only", mgmt.ErrRefused)
+	}
+	for _, id := range r.Gone {
+		if slices.ContainsFunc(s.Jobs, func(j mgmt.Job) bool { return j.ID == id }) {
+			return st, fmt.Errorf("%w: job %d both in the snapshot and gone", mgmt.ErrRefused, id)
+		}
+	}
+	if err := g.fits(s); err != nil {
+		return st, err
+	}
+	ours, err := g.admitAll(s, &st, "sync")
+	if err != nil {
+		return st, err
+	}
+	type ref struct {
+		job    uint32
+		worker uint8
+	}
+	want := map[ref]maps.Member{}
+	for _, mb := range s.Members {
+		if _, ok := ours[mb.Job]; !ok {
+			st.Skipped++
+			continue
+		}
+		p, _ := g.portByName(mb.Port)
+		want[ref{mb.Job, mb.Worker}] = maps.Member{JobID: mb.Job, WorkerID: mb.Worker, Ifindex: uint32(p.Ifindex), Addr: mb.Addr, MAC: mb.MAC, PortMAC: p.MAC}
+	}
+	// Egress entries first: one that is not exactly a wanted member goes (with the binding
+	// behind its port).
+	have, err := g.maps.ListMembers()
+	if err != nil {
+		return st, err
+	}
+	keep := func(job uint32, w uint8) bool { return !r.Force && g.ctrl.joinedHere(job, w) }
+	for _, mb := range have {
+		if _, ok := ours[mb.JobID]; !ok {
+			continue
+		}
+		w, ok := want[ref{mb.JobID, mb.WorkerID}]
+		if ok && w.Ifindex == mb.Ifindex && w.Addr == mb.Addr && bytes.Equal(w.MAC, mb.MAC) {
+			continue
+		}
+		if keep(mb.JobID, mb.WorkerID) {
+			continue // counted below, with its worker id
+		}
+		if err := g.maps.DeleteMember(mb.JobID, mb.Ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return st, err
+		}
+		g.ctrl.unboundMember(mb.JobID, mb.WorkerID)
+		st.Unbound++
+	}
+	// Then every worker id of the jobs: bound exactly as wanted, or not at all.
+	for id, j := range ours {
+		for w := range j.Workers {
+			r := ref{id, w}
+			mb, wanted := want[r]
+			b, err := g.maps.Worker(id, w)
+			bound := err == nil
+			if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return st, err
+			}
+			if wanted && bound && b.Ifindex == mb.Ifindex && b.Addr == mb.Addr {
+				if _, err := g.maps.Member(id, mb.Ifindex); err == nil {
+					st.Members++
+					continue
+				}
+			}
+			if bound && keep(id, w) {
+				st.Skipped++ // joined here: not the mirror's to change
+				continue
+			}
+			if wanted {
+				// Behind the port it goes to, another worker id that joined here keeps its place.
+				if other, err := g.maps.Member(id, mb.Ifindex); err == nil && other.WorkerID != w && keep(id, other.WorkerID) {
+					st.Skipped++
+					continue
+				}
+			}
+			if !wanted {
+				if bound {
+					if err := g.maps.DeleteWorker(id, w); err != nil {
+						return st, err
+					}
+					g.ctrl.unboundMember(id, w)
+					st.Unbound++
+				}
+				continue
+			}
+			if bound && (b.Ifindex != mb.Ifindex || b.Addr != mb.Addr) {
+				st.Unbound++ // replaced: the worker rebound on the active switch
+			}
+			if err := g.maps.PutMember(mb); errors.Is(err, maps.ErrBadMember) {
+				st.Skipped++
+				continue
+			} else if err != nil {
+				return st, err
+			}
+			g.ctrl.restoredMember(id, w)
+			st.Members++
+		}
+	}
+	for _, id := range r.Gone {
+		freed, err := g.maps.RemoveJob(id)
+		if errors.Is(err, maps.ErrNoJob) {
+			continue
+		}
+		g.ctrl.forgetJob(id)
+		if err != nil {
+			return st, err
+		}
+		g.log.Info("sync: job removed (the active switch no longer has it)", "job", id, "slots_freed", freed)
+		st.Removed++
+	}
+	if st.Unbound > 0 || st.Removed > 0 || st.Skipped > 0 {
+		g.log.Info("control state synced", "from", s.Switch, "taken", s.Taken, "jobs", st.Jobs, "members", st.Members,
+			"unbound", st.Unbound, "removed", st.Removed, "skipped", st.Skipped)
+	}
 	return st, nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/internal/bpftest"
@@ -651,4 +653,158 @@ func TestSnapshotFullPool(t *testing.T) {
 	if jb, _ := b.Maps.Admission(denseJob); jb.Held != pool {
 		t.Errorf("job holds %d slots after the restore, want %d", jb.Held, pool)
 	}
+}
+
+// TestSync: a mirror of the active switch's control snapshot makes the standby's bindings of the
+// snapshot's jobs exactly the active switch's: a worker rebound on a new UDP port is replaced
+// (its old address may no longer contribute), one that left is unbound, one bound as in the
+// snapshot is kept; the standby's slots, and its own job, are untouched; a second sync changes
+// nothing. Bindings workers made by JOIN on the standby (their traffic reached it) are left alone
+// unless the sync is forced. Sync refuses whatever is not a control snapshot, and a job both
+// kept and gone; a job gone from the active switch is removed.
+func TestSync(t *testing.T) {
+	a := newMgSwitch(t, "primary", 17)
+	b := newMgSwitch(t, "standby", 7) // its control server's ports: testPort is its p1, testPort2 its p2
+	j := mgmt.Job{ID: denseJob, Workers: 3, PS: netip.MustParseAddrPort("10.9.0.2:9510"), PSPort: "p1", Key: mgKey(t)}
+	own := mgmt.Job{ID: localJob, Workers: 2, PS: netip.MustParseAddrPort("10.9.3.2:9512"), PSPort: "p1", Key: mgKey(t)}
+	for _, s := range []*mgSwitch{a, b} {
+		if err := s.g.Admit(j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.g.Admit(own); err != nil {
+		t.Fatal(err)
+	}
+	mac := func(i byte) net.HardwareAddr { return net.HardwareAddr{2, 0, 0, 0, 9, i} }
+	w0 := netip.MustParseAddrPort("10.9.1.1:7000")
+	w1 := netip.MustParseAddrPort("127.0.0.2:7001") // worker 1 restarted on a new port (loopback: the standby ACKs its JOIN below)
+	w1old := netip.MustParseAddrPort("127.0.0.2:7000")
+	w2 := netip.MustParseAddrPort("10.9.1.3:7000")
+	bind := func(s *mgSwitch, job uint32, w uint8, port int, addr netip.AddrPort) {
+		t.Helper()
+		p := s.ports[port]
+		if err := s.sw.Maps.PutMember(maps.Member{JobID: job, WorkerID: w, Ifindex: uint32(p.Ifindex), Addr: addr, MAC: mac(w), PortMAC: p.MAC}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The primary: workers 0 and 1 (on its new port). The standby, from an older mirror: worker
+	// 0 as on the primary, worker 1 on its old port, worker 2 (who left since); its own job's
+	// member, and a slot of the job in use.
+	bind(a, denseJob, 0, 0, w0)
+	bind(a, denseJob, 1, 1, w1)
+	bind(b, denseJob, 0, 0, w0)
+	bind(b, denseJob, 1, 1, w1old)
+	bind(b, denseJob, 2, 0, w2)
+	bind(b, localJob, 0, 1, netip.MustParseAddrPort("10.9.4.1:7000"))
+	slot := testSlot(denseJob, 9, bpf.XdpaggSlotStateSLOT_AGGREGATING, 3)
+	putSlot(t, b.sw.Maps, 5, slot, 0)
+
+	snap, err := a.g.Snapshot(mgmt.ScopeControl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap})
+	if want := (mgmt.RestoreStats{Jobs: 1, Members: 2, Unbound: 2}); err != nil || st != want {
+		t.Fatalf("Sync: %+v %v, want %+v", st, err, want)
+	}
+	type binding struct {
+		w    uint8
+		port int
+		addr netip.AddrPort
+	}
+	// check checks job's bindings on the standby; those the mirror made have the snapshot's MACs
+	// and the standby's port MACs (a JOIN's have its own).
+	check := func(what string, job uint32, want []binding) {
+		t.Helper()
+		for w := range uint8(3) {
+			got, err := b.sw.Maps.Worker(job, w)
+			i := slices.IndexFunc(want, func(x binding) bool { return x.w == w })
+			switch {
+			case i < 0 && !errors.Is(err, ebpf.ErrKeyNotExist):
+				t.Errorf("%s: job %d worker %d bound at %+v (%v), want unbound", what, job, w, got, err)
+			case i >= 0 && (err != nil || got.Addr != want[i].addr || got.Ifindex != uint32(b.ports[want[i].port].Ifindex)):
+				t.Errorf("%s: job %d worker %d bound at %+v (%v), want %v behind %s", what, job, w, got, err, want[i].addr, b.ports[want[i].port].Name)
+			}
+		}
+		ms, err := b.sw.Maps.ListMembers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var eg []binding
+		for _, m := range ms {
+			if m.JobID == job {
+				eg = append(eg, binding{m.WorkerID, slices.IndexFunc(b.ports, func(p MgmtPort) bool { return uint32(p.Ifindex) == m.Ifindex }), m.Addr})
+				if p := b.ports[eg[len(eg)-1].port]; !b.ctrl.joinedHere(job, m.WorkerID) && (!bytes.Equal(m.PortMAC, p.MAC) || !bytes.Equal(m.MAC, mac(m.WorkerID))) {
+					t.Errorf("%s: member %+v: MACs, want port %v", what, m, p.MAC)
+				}
+			}
+		}
+		if !slices.Equal(eg, want) {
+			t.Errorf("%s: job %d's members %+v, want %+v", what, job, eg, want)
+		}
+	}
+	check("after the sync", denseJob, []binding{{0, 0, w0}, {1, 1, w1}})
+	check("the standby's own job", localJob, []binding{{0, 1, netip.MustParseAddrPort("10.9.4.1:7000")}})
+	if got, err := b.sw.Maps.SlotLocked(5); err != nil || got.Seq != slot.Seq || got.Vals != slot.Vals {
+		t.Errorf("the standby's slot after the sync: %+v %v", got, err)
+	}
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 2}) {
+		t.Errorf("second Sync: %+v %v", st, err)
+	}
+
+	// Worker 1 restarts on a new UDP port and JOINs the standby (the primary's links died; its
+	// agent still answers, so the controller still mirrors the primary's older binding).
+	w1j := netip.MustParseAddrPort("127.0.0.2:7009")
+	if err := b.ctrl.handle(join(t, j.Key, 1, 1), testPort2, w1j); err != nil {
+		t.Fatalf("JOIN of worker 1 on the standby: %v", err)
+	}
+	joined := []binding{{0, 0, w0}, {1, 1, w1j}}
+	check("after the JOIN", denseJob, joined)
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 1, Skipped: 1}) {
+		t.Errorf("Sync over a joined binding: %+v %v, want worker 0 kept, worker 1 skipped", st, err)
+	}
+	check("a mirror after the JOIN", denseJob, joined)
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap, Force: true}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 2, Unbound: 1}) {
+		t.Errorf("forced Sync: %+v %v, want worker 1 replaced", st, err)
+	}
+	check("a forced mirror", denseJob, []binding{{0, 0, w0}, {1, 1, w1}})
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap}); err != nil || st != (mgmt.RestoreStats{Jobs: 1, Members: 2}) {
+		t.Errorf("Sync after the forced one: %+v %v", st, err)
+	}
+
+	// Refusals, before anything is written.
+	full, err := a.g.Snapshot(mgmt.ScopeAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSlot := *snap
+	withSlot.Slots = []mgmt.Slot{{Index: 1}}
+	badPort := *snap
+	badPort.Members = append(slices.Clone(snap.Members), mgmt.Member{Job: denseJob, Worker: 2, Port: "p9", Addr: w2, MAC: mac(2)})
+	for what, r := range map[string]mgmt.SyncRequest{
+		"a ScopeAll snapshot":          {Snapshot: full},
+		"a snapshot with a slot":       {Snapshot: &withSlot},
+		"a job kept and gone":          {Snapshot: snap, Gone: []uint32{denseJob}},
+		"a member behind no such port": {Snapshot: &badPort},
+	} {
+		if _, err := b.g.Sync(r); !errors.Is(err, mgmt.ErrRefused) && !errors.Is(err, mgmt.ErrIncompatible) {
+			t.Errorf("Sync of %s: %v, want refused", what, err)
+		}
+	}
+	check("after the refusals", denseJob, []binding{{0, 0, w0}, {1, 1, w1}})
+
+	// The job is removed on the primary: the next mirror removes it here; the standby's own job stays.
+	if _, err := a.g.maps.RemoveJob(denseJob); err != nil {
+		t.Fatal(err)
+	}
+	if snap, err = a.g.Snapshot(mgmt.ScopeControl); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.g.Sync(mgmt.SyncRequest{Snapshot: snap, Gone: []uint32{denseJob}}); err != nil || st.Removed != 1 {
+		t.Fatalf("Sync of a gone job: %+v %v", st, err)
+	}
+	if _, err := b.sw.Maps.Admission(denseJob); !errors.Is(err, maps.ErrNoJob) {
+		t.Errorf("job %d still admitted on the standby: %v", denseJob, err)
+	}
+	check("the standby's own job at the end", localJob, []binding{{0, 1, netip.MustParseAddrPort("10.9.4.1:7000")}})
 }

@@ -42,6 +42,7 @@ type Switch interface {
 	Reset(context.Context, uint32) error
 	Snapshot(context.Context, mgmt.Scope) (*mgmt.Snapshot, error)
 	Restore(context.Context, *mgmt.Snapshot) (mgmt.RestoreStats, error)
+	Sync(context.Context, mgmt.SyncRequest) (mgmt.RestoreStats, error)
 	Drain(context.Context) error
 }
 
@@ -52,7 +53,8 @@ type Options struct {
 	// Dial makes a switch's management client (default: mgmt.Dial).
 	Dial func(SwitchConfig) (Switch, error)
 	// ReplicaEvery is the period of the replica's refresh (default 1s); it is also refreshed
-	// whenever a heartbeat shows the active switch's member count changed.
+	// whenever a heartbeat shows the active switch's member count changed. Every refresh is
+	// mirrored onto the group's other switch (mgmt.Client.Sync): the hot standby.
 	ReplicaEvery time.Duration
 	// OpTimeout bounds each management call (default 5s).
 	OpTimeout time.Duration
@@ -86,6 +88,11 @@ type Controller struct {
 	degraded  map[string]string    // per switch: why it is degraded now ("" not)
 	retryAt   map[string]time.Time // per group: no automatic failover before
 	replicaAt map[string]time.Time // per group: the last replica refresh tried
+	// hot, per group: the standby whose jobs this controller reset (clearing what it held of
+	// them from its last time as the active switch) and whose control state it has mirrored
+	// from the active switch since, every replica; a group not in it has a standby in an unknown
+	// state (never mirrored by this controller, a mirror failed, or a failover since).
+	hot map[string]string
 }
 
 // New loads the controller's state from dir (made if missing) and binds its heartbeat socket.
@@ -111,7 +118,8 @@ func New(cfg *Config, dir string, opt Options) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, dir: dir, opt: opt, sw: map[string]Switch{}, deg: cfg.Degrade.withDefaults(), st: st,
 		reqs: make(chan request), hist: map[string][]answer{}, answered: map[string]uint64{},
-		degraded: map[string]string{}, retryAt: map[string]time.Time{}, replicaAt: map[string]time.Time{}}
+		degraded: map[string]string{}, retryAt: map[string]time.Time{}, replicaAt: map[string]time.Time{},
+		hot: map[string]string{}}
 	var targets []Target
 	for _, g := range cfg.Groups {
 		gs := st.Groups[g.Name]
@@ -279,7 +287,7 @@ func (c *Controller) step(ctx context.Context, now time.Time) {
 		c.mu.Unlock()
 		changed := replica != nil && as.Answered > 0 && int(as.Stats.Members) != len(replica.Members)
 		if as.State == StateHealthy && (now.Sub(last) >= c.opt.ReplicaEvery || changed && now.Sub(last) >= c.pol.Interval) {
-			c.replicate(ctx, g.Name, active, now)
+			c.replicate(ctx, g, active, now)
 		}
 	}
 	c.writeStatus()
@@ -370,10 +378,10 @@ func (c *Controller) job(j JobConfig, js *JobState) mgmt.Job {
 	return mgmt.Job{ID: j.ID, Workers: j.Workers, PS: j.PS, PSPort: j.PSPort, MaxSlots: j.Quota, RegArrays: j.RegArrays, Threshold: j.Threshold, Key: slices.Clone(js.Key)}
 }
 
-// replicate refreshes a group's replica from its active switch.
-func (c *Controller) replicate(ctx context.Context, group, active string, now time.Time) {
+// replicate refreshes a group's replica from its active switch and mirrors it onto the other.
+func (c *Controller) replicate(ctx context.Context, g GroupConfig, active string, now time.Time) {
 	c.mu.Lock()
-	c.replicaAt[group] = now
+	c.replicaAt[g.Name] = now
 	c.mu.Unlock()
 	var snap *mgmt.Snapshot
 	err := c.callFor(ctx, c.opt.ReplicaEvery, func(ctx context.Context) (err error) {
@@ -385,12 +393,84 @@ func (c *Controller) replicate(ctx context.Context, group, active string, now ti
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.st.Groups[group].Active != active {
+	if c.st.Groups[g.Name].Active != active {
+		c.mu.Unlock()
 		return // a failover moved the group meanwhile
 	}
-	c.st.Groups[group].Replica = snap
+	c.st.Groups[g.Name].Replica = snap
 	c.report(c.save())
+	c.mu.Unlock()
+	c.mirror(ctx, g, active, snap)
+}
+
+// mirror makes the group's standby hot: its jobs and members equal to snap's, the active
+// switch's control snapshot just read, so that it aggregates for the job's members as soon as
+// the hosts' traffic reaches it (docs/operations.md). Only the active switch is mirrored, only
+// while it answers every heartbeat and its ports are up (not drained), and only onto a standby
+// that answers: once the active switch misses a heartbeat its hosts may be on the standby
+// already, binding there what no stale snapshot may overwrite. The first mirror onto a standby
+// resets the group's jobs there first (what it holds of them is from its last time as the
+// active switch; no traffic reaches a standby, so nothing live is cleared), and replaces the
+// bindings workers made there by JOIN; later mirrors leave those alone (a worker that joined the
+// standby had its traffic reach it: the active switch's links may be dead while its agent still
+// answers).
+func (c *Controller) mirror(ctx context.Context, g GroupConfig, active string, snap *mgmt.Snapshot) {
+	standby := other(g, active)
+	ok := !snap.Draining
+	for _, s := range c.mon.Status() {
+		switch s.Name {
+		case active:
+			ok = ok && s.State == StateHealthy && s.Misses == 0
+		case standby:
+			ok = ok && s.State == StateHealthy
+		}
+	}
+	c.mu.Lock()
+	hot := c.hot[g.Name] == standby
+	var jobs, gone []uint32
+	for _, j := range c.cfg.Jobs {
+		if j.Group != g.Name {
+			continue
+		}
+		jobs = append(jobs, j.ID)
+		adm := c.st.Jobs[j.ID].Admitted
+		// A job admitted on both switches that the active one no longer has was removed there
+		// (`xdpagg job rm`): the standby follows. One not admitted on both yet is left alone.
+		if adm[active] && adm[standby] && !slices.ContainsFunc(snap.Jobs, func(sj mgmt.Job) bool { return sj.ID == j.ID }) {
+			gone = append(gone, j.ID)
+		}
+	}
+	if !ok || c.st.Groups[g.Name].Active != active {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.hot, g.Name) // until this mirror completes
+	c.mu.Unlock()
+	if !hot {
+		for _, id := range jobs {
+			err := c.callFor(ctx, c.opt.ReplicaEvery, func(ctx context.Context) error { return c.sw[standby].Reset(ctx, id) })
+			if err != nil && !errors.Is(err, mgmt.ErrRefused) { // refused: not admitted there (yet)
+				c.report(fmt.Errorf("reset job %d on the standby %s before mirroring: %w", id, standby, err))
+				return
+			}
+		}
+	}
+	err := c.callFor(ctx, c.opt.ReplicaEvery, func(ctx context.Context) error {
+		// The first mirror after the reset also replaces what workers bound there by JOIN (from
+		// its time as the active switch); later ones leave those alone (mgmt.SyncRequest.Force).
+		_, err := c.sw[standby].Sync(ctx, mgmt.SyncRequest{Snapshot: snap, Gone: gone, Force: !hot})
+		return err
+	})
+	if err != nil {
+		c.report(fmt.Errorf("mirror %s onto the standby %s: %w", active, standby, err))
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.st.Groups[g.Name].Active == active {
+		c.hot[g.Name] = standby
+		c.st.Groups[g.Name].Mirrored = snap.Taken
+	}
 }
 
 // failover moves group g from its active switch to the other one and records it. Degraded and
@@ -402,10 +482,31 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 	gs := c.st.Groups[g.Name]
 	from := gs.Active
 	replica := gs.Replica
+	to := other(g, from)
+	f := Failover{Group: g.Name, From: from, To: to, Reason: reason, Detail: detail, Started: start.UTC(), Source: "none",
+		Hot: reason == ReasonFailed && c.hot[g.Name] == to}
+	pending := gs.Pending != ""
+	delete(c.hot, g.Name) // whatever happens now, the standby is no longer a mirror
 	c.mu.Unlock()
-	f := Failover{Group: g.Name, From: from, To: other(g, from), Reason: reason, Detail: detail, Started: start.UTC(), Source: "none"}
 	var snap *mgmt.Snapshot
 	drained := false
+	if reason != ReasonFailed && replica != nil && !pending {
+		// Cool the standby before draining the active switch: a drained snapshot's slots must
+		// apply to a target that aggregated nothing of these jobs meanwhile (the packets that
+		// reach it between the drain and the restore are dropped as not members, and resent).
+		// A pending failover's hosts have moved already: the first attempt cooled the target.
+		cold := &mgmt.Snapshot{Switch: replica.Switch, Taken: replica.Taken, Scope: mgmt.ScopeControl, Pool: replica.Pool,
+			Arrays: replica.Arrays, Jobs: replica.Jobs}
+		err := c.call(ctx, func(ctx context.Context) error {
+			_, err := c.sw[to].Sync(ctx, mgmt.SyncRequest{Snapshot: cold, Force: true})
+			return err
+		})
+		if err != nil {
+			f.Error = fmt.Sprintf("unbind the members on %s before the drain: %v", to, err)
+			f.Total = time.Since(start)
+			return c.record(g, gs, f, false)
+		}
+	}
 	if reason != ReasonFailed {
 		t := time.Now()
 		err := c.call(ctx, func(ctx context.Context) error { return c.sw[from].Drain(ctx) })
@@ -433,8 +534,15 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 		t := time.Now()
 		// What the target holds of these jobs is stale (from its last time as the active switch,
 		// or packets that reached it before this restore): clear it, so that the snapshot's slots
-		// apply; the contributions cleared are resent by the workers (as after MSG_RESET).
+		// apply; the contributions cleared are resent by the workers (as after MSG_RESET). Not
+		// a hot standby's after a failure: it was reset before its first mirror and has been
+		// aggregating the job's live traffic since the hosts moved to it; the replica's restore
+		// (no slots) then only adds what the last mirror may have missed, and keeps the bindings
+		// workers made there.
 		for _, j := range snap.Jobs {
+			if f.Hot && f.Source == "replica" {
+				break
+			}
 			err := c.call(ctx, func(ctx context.Context) error { return c.sw[f.To].Reset(ctx, j.ID) })
 			if err != nil && !errors.Is(err, mgmt.ErrRefused) {
 				f.Notes = append(f.Notes, fmt.Sprintf("reset job %d on %s before the restore: %v", j.ID, f.To, err))
@@ -452,6 +560,13 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 		f.Notes = append(f.Notes, "no replica yet: the standby has the jobs (admitted on both switches) but no members; workers must join again")
 	}
 	f.Total = time.Since(start)
+	return c.record(g, gs, f, drained)
+}
+
+// record completes a failover: the group moves if it did not fail, and it is saved, reported and
+// returned.
+func (c *Controller) record(g GroupConfig, gs *GroupState, f Failover, drained bool) Failover {
+	reason := f.Reason
 	c.mu.Lock()
 	if f.Error == "" {
 		gs.Active, gs.Armed, gs.Pending = f.To, reason == ReasonOperator, ""
@@ -459,8 +574,8 @@ func (c *Controller) failover(ctx context.Context, g GroupConfig, reason, detail
 			gs.Failovers = map[string]int{}
 		}
 		gs.Failovers[reason]++
-		delete(c.hist, from)
-		delete(c.degraded, from)
+		delete(c.hist, f.From)
+		delete(c.degraded, f.From)
 		c.replicaAt[g.Name] = time.Time{} // read the new active switch at once
 	} else {
 		c.retryAt[g.Name] = time.Now().Add(c.opt.ReplicaEvery)

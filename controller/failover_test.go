@@ -31,14 +31,21 @@ type fakeSwitch struct {
 	members []mgmt.Member
 	slots   []mgmt.Slot
 	restore []*mgmt.Snapshot
+	syncs   []mgmt.SyncRequest
 	broken  error
-	drained bool
+	// failRestore fails Restore only (the other calls work).
+	failRestore error
+	drained     bool
+	rec         func(string) // the pair's log of every switch's calls, in order
 }
 
 func (f *fakeSwitch) do(call string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, call)
+	if f.rec != nil {
+		f.rec(f.name + " " + call)
+	}
 	return f.broken
 }
 
@@ -84,9 +91,49 @@ func (f *fakeSwitch) Restore(_ context.Context, s *mgmt.Snapshot) (mgmt.RestoreS
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failRestore != nil {
+		return mgmt.RestoreStats{}, f.failRestore
+	}
 	f.restore = append(f.restore, s)
 	f.members = append(f.members, s.Members...)
 	return mgmt.RestoreStats{Jobs: len(s.Jobs), Members: len(s.Members), Slots: len(s.Slots)}, nil
+}
+
+// Sync makes the fake's members of the snapshot's jobs the snapshot's, and forgets the jobs gone.
+func (f *fakeSwitch) Sync(_ context.Context, r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
+	if err := f.do("sync"); err != nil {
+		return mgmt.RestoreStats{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.syncs = append(f.syncs, r)
+	in := func(job uint32) bool {
+		return slices.ContainsFunc(r.Snapshot.Jobs, func(j mgmt.Job) bool { return j.ID == job }) || slices.Contains(r.Gone, job)
+	}
+	f.members = slices.DeleteFunc(f.members, func(m mgmt.Member) bool { return in(m.Job) })
+	f.members = append(f.members, r.Snapshot.Members...)
+	for _, id := range r.Gone {
+		delete(f.jobs, id)
+	}
+	return mgmt.RestoreStats{Jobs: len(r.Snapshot.Jobs), Members: len(r.Snapshot.Members), Removed: len(r.Gone)}, nil
+}
+
+// lastSync is the last mirror onto the fake (nil: none).
+func (f *fakeSwitch) lastSync() *mgmt.SyncRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.syncs) == 0 {
+		return nil
+	}
+	r := f.syncs[len(f.syncs)-1]
+	return &r
+}
+
+// callLog is a copy of the calls so far.
+func (f *fakeSwitch) callLog() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
 }
 
 func (f *fakeSwitch) Drain(context.Context) error {
@@ -125,6 +172,15 @@ type pair struct {
 	dir              string
 	failovers        chan Failover
 	primary, standby string
+	logMu            sync.Mutex
+	log              []string // "<switch> <call>" of both switches, in order
+}
+
+// calls is a copy of the pair's log.
+func (p *pair) calls() []string {
+	p.logMu.Lock()
+	defer p.logMu.Unlock()
+	return slices.Clone(p.log)
 }
 
 func newPair(t *testing.T, deg DegradePolicy) *pair {
@@ -135,7 +191,11 @@ func newPair(t *testing.T, deg DegradePolicy) *pair {
 		key, _ := ctlauth.NewKey()
 		a := newFakeAgent(t, key)
 		p.agents[name] = a
-		p.switches[name] = &fakeSwitch{name: name}
+		p.switches[name] = &fakeSwitch{name: name, rec: func(c string) {
+			p.logMu.Lock()
+			p.log = append(p.log, c)
+			p.logMu.Unlock()
+		}}
 		return SwitchConfig{Name: name, Mgmt: netip.MustParseAddrPort("127.0.0.1:1"), Heartbeat: a.addr(), key: key}
 	}
 	p.cfg = &Config{
@@ -387,6 +447,24 @@ func TestFailoverOnDegradation(t *testing.T) {
 	t.Logf("degraded failover: %s; drain %v, snapshot %v, restore %v, total %v", f.Detail, f.Drain, f.Snapshot, f.Restore, f.Total)
 
 	// Prometheus: the failover by reason, the active switch, the migrated entries.
+	got := metrics(t, c)
+	for k, want := range map[string]float64{
+		"xdpagg_controller_failovers_total,g,degraded": 1, "xdpagg_controller_failovers_total,g,failed": 0,
+		"xdpagg_controller_active_switch,g,sw-b": 1, "xdpagg_controller_active_switch,g,sw-a": 0,
+		"xdpagg_controller_migrated_entries,g,slots": 2, "xdpagg_controller_migrated_entries,g,members": 2,
+	} {
+		if v, ok := got[k]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
+		}
+	}
+	if _, ok := got["xdpagg_controller_migration_seconds,g,total"]; !ok {
+		t.Error("no migration seconds")
+	}
+}
+
+// metrics gathers the controller's collector: "name,label values..." -> value.
+func metrics(t *testing.T, c *Controller) map[string]float64 {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewControllerCollector(c))
 	mfs, err := reg.Gather()
@@ -403,18 +481,7 @@ func TestFailoverOnDegradation(t *testing.T) {
 			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
-	for k, want := range map[string]float64{
-		"xdpagg_controller_failovers_total,g,degraded": 1, "xdpagg_controller_failovers_total,g,failed": 0,
-		"xdpagg_controller_active_switch,g,sw-b": 1, "xdpagg_controller_active_switch,g,sw-a": 0,
-		"xdpagg_controller_migrated_entries,g,slots": 2, "xdpagg_controller_migrated_entries,g,members": 2,
-	} {
-		if v, ok := got[k]; !ok || v != want {
-			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
-		}
-	}
-	if _, ok := got["xdpagg_controller_migration_seconds,g,total"]; !ok {
-		t.Error("no migration seconds")
-	}
+	return got
 }
 
 // TestFailoverOnSlowAnswers: with MaxRTT set, an active switch whose agent answers every
@@ -456,7 +523,9 @@ func TestFailoverRetriedAfterDrain(t *testing.T) {
 	a.members = twoMembers
 	p.start(t)
 	eventually(t, "job admitted on the standby", func() bool { return p.state(t).Jobs[7].Admitted[p.standby] })
-	b.setBroken(errors.New("restore: disk on fire"))
+	b.mu.Lock()
+	b.failRestore = errors.New("restore: disk on fire")
+	b.mu.Unlock()
 	var st bpf.XdpaggHeartbeatStats
 	for range 8 { // resends at half the aggregated DATA, then nothing more
 		st.Aggregated += 1000
@@ -471,7 +540,9 @@ func TestFailoverRetriedAfterDrain(t *testing.T) {
 	if gs := p.state(t).Groups["g"]; gs.Pending != ReasonDegraded || gs.Active != p.primary {
 		t.Errorf("after the failed attempt: %+v", gs)
 	}
-	b.setBroken(nil)
+	b.mu.Lock()
+	b.failRestore = nil
+	b.mu.Unlock()
 	for f.Error != "" {
 		f = p.failover(t)
 	}
@@ -480,6 +551,137 @@ func TestFailoverRetriedAfterDrain(t *testing.T) {
 	}
 	if gs := p.state(t).Groups["g"]; gs.Pending != "" || gs.Active != p.standby {
 		t.Errorf("after the retry: %+v", gs)
+	}
+}
+
+// TestHotStandby: every replica of the active switch is mirrored onto the standby (mgmt Sync),
+// the first mirror after a reset of the job there; a binding that changed on the active switch
+// (a worker rebound on a new UDP port, a LEAVE) is replaced or removed on the standby, and a job
+// the active switch no longer has is removed there.
+func TestHotStandby(t *testing.T) {
+	p := newPair(t, DegradePolicy{})
+	a, b := p.switches[p.primary], p.switches[p.standby]
+	w0 := mgmt.Member{Job: 7, Worker: 0, Port: "p0", Addr: netip.MustParseAddrPort("10.0.0.1:9000")}
+	w1 := mgmt.Member{Job: 7, Worker: 1, Port: "p1", Addr: netip.MustParseAddrPort("10.0.0.2:9000")}
+	a.members = []mgmt.Member{w0, w1}
+	c, _ := p.start(t)
+	members := func(f *fakeSwitch) []mgmt.Member {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return slices.Clone(f.members)
+	}
+	eventually(t, "three mirrors onto the standby", func() bool { return b.called("sync") >= 3 })
+	if m := members(b); !slices.EqualFunc(m, []mgmt.Member{w0, w1}, func(x, y mgmt.Member) bool { return x.Addr == y.Addr && x.Worker == y.Worker }) {
+		t.Errorf("standby members %v", m)
+	}
+	// One reset of the job on the standby, before its first mirror; none after.
+	log := b.callLog()
+	if first := slices.Index(log, "sync"); b.called("reset 7") != 1 || first < 0 || slices.Index(log, "reset 7") > first {
+		t.Errorf("standby calls %v: want one reset 7 before the first sync", log)
+	}
+	// The first mirror after the reset replaces bindings workers made there by JOIN; the others
+	// leave those alone.
+	b.mu.Lock()
+	for i, r := range b.syncs {
+		if r.Force != (i == 0) {
+			t.Errorf("mirror %d: force %v", i, r.Force)
+		}
+	}
+	b.mu.Unlock()
+	// A mirror for every replica read (the last one may be between its two calls).
+	if r, m := a.called("snapshot 0"), b.called("sync"); m < r-1 || m > r {
+		t.Errorf("%d replicas, %d mirrors", r, m)
+	}
+	if v := c.View(); !v.Groups[0].Hot || v.Groups[0].Mirrored.IsZero() {
+		t.Errorf("view: hot %v mirrored %v", v.Groups[0].Hot, v.Groups[0].Mirrored)
+	}
+	if v := metrics(t, c)["xdpagg_controller_standby_hot,g"]; v != 1 {
+		t.Errorf("xdpagg_controller_standby_hot{group=g} = %v, want 1", v)
+	}
+	for _, f := range []*fakeSwitch{a, b} {
+		if f.called("restore") != 0 || f.called("drain") != 0 {
+			t.Errorf("%s: restore or drain without a failover: %v", f.name, f.callLog())
+		}
+	}
+
+	// Worker 1 restarts on a new UDP port (it joins the primary again), worker 0 leaves.
+	w1b := w1
+	w1b.Addr = netip.MustParseAddrPort("10.0.0.2:9001")
+	a.mu.Lock()
+	a.members = []mgmt.Member{w1b}
+	a.mu.Unlock()
+	eventually(t, "the standby holding the new binding only", func() bool {
+		m := members(b)
+		return len(m) == 1 && m[0].Worker == 1 && m[0].Addr == w1b.Addr
+	})
+
+	// The job is removed on the primary (`xdpagg job rm` there): the standby follows.
+	a.mu.Lock()
+	delete(a.jobs, 7)
+	a.members = nil
+	a.mu.Unlock()
+	eventually(t, "job 7 gone from the standby", func() bool {
+		r := b.lastSync()
+		b.mu.Lock()
+		_, has := b.jobs[7]
+		b.mu.Unlock()
+		return r != nil && slices.Equal(r.Gone, []uint32{7}) && !has
+	})
+}
+
+// TestMirrorOnlyFromActive: once the active switch misses a heartbeat its replica is no longer
+// read or mirrored (its hosts may be on the standby, binding there what no stale snapshot may
+// overwrite); the failover onto the hot standby does not reset it (it aggregates the job's live
+// traffic) and restores the replica there (adding, never replacing a binding); after it, the
+// new active switch is mirrored onto the old one when that answers again, never the other way.
+func TestMirrorOnlyFromActive(t *testing.T) {
+	p := newPair(t, DegradePolicy{})
+	a, b := p.switches[p.primary], p.switches[p.standby]
+	a.members = twoMembers
+	c, _ := p.start(t)
+	eventually(t, "a mirror with the members", func() bool { r := b.lastSync(); return r != nil && len(r.Snapshot.Members) == 2 })
+	// The primary stops answering heartbeats; its management channel still answers (a stale
+	// snapshot could be read from it).
+	p.agents[p.primary].silent.Store(true)
+	var since time.Time
+	eventually(t, "primary not healthy", func() bool {
+		st := c.Monitor().Status()[0]
+		since = st.Since
+		return st.State != StateHealthy
+	})
+	// Every round that started before the change has ended once a status file of after it exists.
+	eventually(t, "a round after the change", func() bool {
+		var v View
+		raw, err := os.ReadFile(filepath.Join(p.dir, StatusFile))
+		return err == nil && json.Unmarshal(raw, &v) == nil && v.Time.After(since)
+	})
+	syncs, resets := b.called("sync"), b.called("reset 7")
+	a.setBroken(errors.New("connection refused")) // now dead for the failover too
+	f := p.failover(t)
+	if f.Reason != ReasonFailed || f.Source != "replica" || !f.Hot || f.Error != "" || f.Migrated.Members != 2 {
+		t.Errorf("failover %+v", f)
+	}
+	if n := b.called("sync"); n != syncs {
+		t.Errorf("%d mirrors onto the standby after the primary missed a heartbeat", n-syncs)
+	}
+	if n := b.called("reset 7"); n != resets {
+		t.Errorf("the hot standby was reset by the failover: %v", b.callLog())
+	}
+	if b.called("restore") != 1 {
+		t.Errorf("no last restore on the standby: %v", b.callLog())
+	}
+	// The old primary answers again: the standby (now active) is mirrored onto it, after a reset
+	// of the job there (what it holds is from its time as the active switch).
+	p.agents[p.primary].silent.Store(false)
+	a.setBroken(nil)
+	eventually(t, "a mirror onto the old primary", func() bool { r := a.lastSync(); return r != nil && r.Snapshot.Switch == p.standby })
+	log := a.callLog()
+	if i, j := slices.Index(log, "reset 7"), slices.Index(log, "sync"); i < 0 || i > j {
+		t.Errorf("old primary calls %v: want a reset before the first sync", log)
+	}
+	time.Sleep(200 * time.Millisecond) // four replica periods
+	if n := b.called("sync"); n != syncs {
+		t.Errorf("the active switch was mirrored onto: %d syncs", n-syncs)
 	}
 }
 
@@ -504,6 +706,19 @@ func TestOperatorFailover(t *testing.T) {
 		t.Fatalf("failover: %+v %v", r.Failover, err)
 	}
 	<-p.failovers
+	// The hot standby was cooled (its members unbound) before the primary was drained, so the
+	// drained slots apply to a switch that aggregated nothing meanwhile.
+	log := p.calls()
+	drain := slices.Index(log, "sw-a drain")
+	k := 0 // syncs onto the standby before the drain; the last of them cooled it
+	for _, c := range log[:max(drain, 0)] {
+		if c == "sw-b sync" {
+			k++
+		}
+	}
+	if drain < 0 || k == 0 || len(b.syncs[k-1].Snapshot.Members) != 0 || len(b.syncs[k-1].Snapshot.Jobs) != 1 || !b.syncs[k-1].Force {
+		t.Errorf("the standby was not cooled (a sync without members) right before the drain: %v", log)
+	}
 	if gs := p.state(t).Groups["g"]; gs.Active != p.standby || !gs.Armed || gs.Failovers[ReasonOperator] != 1 {
 		t.Errorf("group %+v", gs)
 	}
@@ -531,11 +746,26 @@ func TestOperatorFailover(t *testing.T) {
 	}
 	conn.Close()
 	b.setBroken(nil)
-	ra, rb := a.called("reset 7"), b.called("reset 7") // each failover resets the job on its target first
-	if ra != 1 || rb != 1 {
-		t.Errorf("resets before the restores: %d on the primary, %d on the standby; want 1 each", ra, rb)
+	// Each drained failover unbinds the members on its target before the drain (a sync without
+	// members), and resets the job there before the restore.
+	for _, sw := range []*fakeSwitch{a, b} {
+		log := sw.callLog()
+		restores := 0
+		for i, c := range log {
+			if c != "restore" {
+				continue
+			}
+			restores++
+			if i < 1 || log[i-1] != "reset 7" {
+				t.Errorf("%s: a restore not right after a reset: %v", sw.name, log)
+			}
+		}
+		if restores != 1 {
+			t.Errorf("%s: %d restores, want 1: %v", sw.name, restores, log)
+		}
 	}
-	if _, err := Ask(ctx, p.dir, Request{Op: "reset", Job: 7}); err != nil || a.called("reset 7") != ra+1 || b.called("reset 7") != rb+1 {
+	ra, rb := a.called("reset 7"), b.called("reset 7")
+	if _, err := Ask(ctx, p.dir, Request{Op: "reset", Job: 7}); err != nil || a.called("reset 7") <= ra || b.called("reset 7") <= rb {
 		t.Errorf("reset: %v", err)
 	}
 }

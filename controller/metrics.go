@@ -17,7 +17,7 @@ type Collector struct {
 	failures *prometheus.Desc
 	rtt      *prometheus.Desc
 
-	failovers, migration, migrated, active *prometheus.Desc
+	failovers, migration, migrated, active, hot *prometheus.Desc
 }
 
 // NewControllerCollector returns a collector over c's monitor and groups.
@@ -39,6 +39,7 @@ func NewCollector(m *Monitor) *Collector {
 		migration: prometheus.NewDesc("xdpagg_controller_migration_seconds", "The group's last failover, by phase (drain, snapshot, restore, total).", []string{"group", "phase"}, nil),
 		migrated:  prometheus.NewDesc("xdpagg_controller_migrated_entries", "Entries the group's last failover restored on its new switch, by kind.", []string{"group", "kind"}, nil),
 		active:    prometheus.NewDesc("xdpagg_controller_active_switch", "1 for the switch each group's traffic goes through.", []string{"group", "switch"}, nil),
+		hot:       prometheus.NewDesc("xdpagg_controller_standby_hot", "1 while the group's standby is a mirror of its active switch's jobs and members (hot standby).", []string{"group"}, nil),
 	}
 }
 
@@ -48,7 +49,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	if c.c != nil {
-		for _, d := range []*prometheus.Desc{c.failovers, c.migration, c.migrated, c.active} {
+		for _, d := range []*prometheus.Desc{c.failovers, c.migration, c.migrated, c.active, c.hot} {
 			ch <- d
 		}
 	}
@@ -83,6 +84,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, v, g.Name, sw)
 		}
+		hot := 0.0
+		if g.Hot {
+			hot = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.hot, prometheus.GaugeValue, hot, g.Name)
 		f := g.LastFailover
 		if f == nil {
 			continue

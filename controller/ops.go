@@ -183,7 +183,9 @@ type GroupView struct {
 	Degraded     string         `json:"degraded,omitempty"` // why the active switch is degraded now
 	Pending      string         `json:"pending,omitempty"`  // a drained failover's reason, until its restore completes
 	ReplicaTaken time.Time      `json:"replica_taken,omitzero"`
-	Members      []mgmt.Member  `json:"members"` // in the replica
+	Hot          bool           `json:"hot"`               // the standby is a mirror of the active switch
+	Mirrored     time.Time      `json:"mirrored,omitzero"` // the Taken time of the last replica mirrored onto it
+	Members      []mgmt.Member  `json:"members"`           // in the replica
 	LastFailover *Failover      `json:"last_failover,omitempty"`
 	Failovers    map[string]int `json:"failovers,omitempty"`
 }
@@ -208,7 +210,8 @@ func (c *Controller) View() View {
 	for _, g := range c.cfg.Groups {
 		gs := c.st.Groups[g.Name]
 		gv := GroupView{Name: g.Name, Primary: g.Primary.Name, Standby: g.Standby.Name, Active: gs.Active, Armed: gs.Armed,
-			Degraded: c.degraded[gs.Active], Pending: gs.Pending, LastFailover: gs.LastFailover, Failovers: gs.Failovers}
+			Degraded: c.degraded[gs.Active], Pending: gs.Pending, LastFailover: gs.LastFailover, Failovers: gs.Failovers,
+			Hot: c.hot[g.Name] != "", Mirrored: gs.Mirrored}
 		for _, s := range statuses {
 			if s.Name == g.Primary.Name || s.Name == g.Standby.Name {
 				gv.Switches = append(gv.Switches, s)

@@ -34,8 +34,10 @@ type GroupState struct {
 	// it declared failed or degraded; an operator failover re-arms it.
 	Armed bool `json:"armed"`
 	// Replica is the active switch's last control snapshot (jobs, keys, members).
-	Replica      *mgmt.Snapshot `json:"replica,omitempty"`
-	LastFailover *Failover      `json:"last_failover,omitempty"`
+	Replica *mgmt.Snapshot `json:"replica,omitempty"`
+	// Mirrored is the Taken time of the last replica mirrored onto the standby (zero: none).
+	Mirrored     time.Time `json:"mirrored,omitzero"`
+	LastFailover *Failover `json:"last_failover,omitempty"`
 	// Pending is the reason of a failover that drained the active switch (so the hosts moved)
 	// but did not restore on the other one: it is retried every round, whatever its trigger
 	// says now, until it completes.
@@ -62,6 +64,9 @@ type Failover struct {
 	// slots, registers, cache and members move), "replica" (the last control snapshot: jobs and
 	// members; aggregation in flight is recovered by resends), or "none".
 	Source string `json:"source"`
+	// Hot: the target was a hot standby (mirrored from the active switch, every replica, since
+	// this controller reset it), so it aggregated the job from the moment the hosts moved.
+	Hot bool `json:"hot,omitempty"`
 	// Phases, and the whole failover from its decision to the restore's end.
 	Drain    time.Duration     `json:"drain_ns"`
 	Snapshot time.Duration     `json:"snapshot_ns"`

@@ -399,6 +399,16 @@ func (m *Maps) PutWorker(job uint32, id uint8, addr netip.AddrPort, ifindex uint
 	return nil
 }
 
+// DeleteWorker removes worker id's right to contribute to job (the ingress half of
+// DeleteMember, for a binding without an egress entry); none is not an error.
+func (m *Maps) DeleteWorker(job uint32, id uint8) error {
+	k := bpf.XdpaggWorkerKey{JobId: job, WorkerId: uint32(id)}
+	if err := m.Workers.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete worker %d of job %d: %w", id, job, err)
+	}
+	return nil
+}
+
 // DeleteMember removes the member of job behind ifindex and its right to contribute. The error
 // wraps ebpf.ErrKeyNotExist if there is none.
 func (m *Maps) DeleteMember(job, ifindex uint32) error {

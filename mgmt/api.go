@@ -107,10 +107,41 @@ type Snapshot struct {
 	Draining bool      `json:"draining"`        // the switch was drained before this was read
 }
 
-// RestoreStats says what a Restore wrote.
+// RestoreStats says what a Restore (or a Sync) wrote.
 type RestoreStats struct {
 	Jobs, Members, Slots, Sparse, Cache int
 	Skipped                             int // entries that did not apply (e.g. a job already admitted with another key)
+	// Sync only: bindings it removed or replaced because the snapshot's switch no longer has
+	// them as they were (a LEAVE, a worker rebound on another address or port), and jobs it
+	// removed (SyncRequest.Gone).
+	Unbound int `json:",omitzero"`
+	Removed int `json:",omitzero"`
+}
+
+// SyncRequest is the controller's mirror of its active switch's control state onto the group's
+// standby (a hot standby, docs/operations.md). Unlike Restore, which only adds (a binding here
+// is kept), Sync makes this switch's jobs and members equal to the snapshot's for the snapshot's
+// jobs: jobs admitted (or found admitted with the same key and parameters) and given the
+// snapshot's H, worker ids bound exactly as in the snapshot (address, UDP port, port name),
+// bindings of those jobs that the snapshot does not have removed (except, without Force, those a
+// worker made by a JOIN to this switch), and the jobs in Gone removed. Slots, registers, records and the cache are never read or written: only a control snapshot
+// (ScopeControl) is accepted.
+type SyncRequest struct {
+	Snapshot *Snapshot `json:"snapshot"`
+	// Gone: jobs the controller owns on this group that the snapshot's switch no longer has.
+	Gone []uint32 `json:"gone,omitempty"`
+	// Force: replace and remove bindings that workers made by a JOIN to this switch too. Without
+	// it they are kept (and counted skipped): a worker joined here because its traffic reached
+	// this switch, which a snapshot of the other one may not know yet. The controller forces the
+	// first mirror after it reset the standby and the cooling before a drain, when it knows no
+	// traffic of the jobs reaches this switch.
+	Force bool `json:"force,omitempty"`
+}
+
+// Syncer is the Handler's optional Sync (added after the first Handler; a Handler without it
+// answers the sync operation as unknown, as an agent of before it does).
+type Syncer interface {
+	Sync(SyncRequest) (RestoreStats, error)
 }
 
 // Handler is what an agent does for the controller; the agent implements it, Serve calls it.
@@ -175,6 +206,14 @@ func (c *Client) Snapshot(ctx context.Context, s Scope) (*Snapshot, error) {
 func (c *Client) Restore(ctx context.Context, s *Snapshot) (RestoreStats, error) {
 	var out RestoreStats
 	err := c.call(ctx, opRestore, s, &out)
+	return out, err
+}
+
+// Sync mirrors another switch's control snapshot here (SyncRequest): the hot standby's refresh.
+// An agent that predates it refuses it (ErrRefused, unknown operation).
+func (c *Client) Sync(ctx context.Context, r SyncRequest) (RestoreStats, error) {
+	var out RestoreStats
+	err := c.call(ctx, opSync, r, &out)
 	return out, err
 }
 

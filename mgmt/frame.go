@@ -152,6 +152,7 @@ const (
 	opSnapshot = "snapshot"
 	opRestore  = "restore"
 	opDrain    = "drain"
+	opSync     = "sync" // added after the others: an agent without it refuses it as unknown
 )
 
 // request is a request frame's body.

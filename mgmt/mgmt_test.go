@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -392,5 +394,53 @@ func TestCancel(t *testing.T) {
 	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
 	if err := c.Drain(ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("Drain: %v, want context.Canceled", err)
+	}
+}
+
+// syncHandler is a fakeHandler with the optional Sync.
+type syncHandler struct {
+	fakeHandler
+	synced []SyncRequest
+}
+
+func (h *syncHandler) Sync(r SyncRequest) (RestoreStats, error) {
+	h.mu.Lock()
+	h.synced = append(h.synced, r)
+	h.mu.Unlock()
+	if err := h.note("sync"); err != nil {
+		return RestoreStats{}, err
+	}
+	return RestoreStats{Jobs: len(r.Snapshot.Jobs), Members: len(r.Snapshot.Members), Unbound: 1, Removed: len(r.Gone)}, nil
+}
+
+// TestSync: the sync operation crosses the wire to a handler that has it; a handler without it
+// (an agent of before it) refuses it as an unknown operation, and nothing else is called; a
+// sync without a snapshot is refused before the handler.
+func TestSync(t *testing.T) {
+	key := testKey(t)
+	h := &syncHandler{}
+	_, addr, _ := serve(t, "127.0.0.1:0", key, h)
+	c, _ := Dial(addr, key)
+	ctx := context.Background()
+	snap := testSnapshot()
+	st, err := c.Sync(ctx, SyncRequest{Snapshot: snap, Gone: []uint32{5}})
+	if want := (RestoreStats{Jobs: 1, Members: 1, Unbound: 1, Removed: 1}); err != nil || st != want {
+		t.Fatalf("Sync: %+v %v, want %+v", st, err, want)
+	}
+	if len(h.synced) != 1 || !reflect.DeepEqual(h.synced[0].Snapshot, snap) || !slices.Equal(h.synced[0].Gone, []uint32{5}) {
+		t.Errorf("synced %+v", h.synced)
+	}
+	if _, err := c.Sync(ctx, SyncRequest{}); !errors.Is(err, ErrRefused) || len(h.synced) != 1 {
+		t.Errorf("Sync without a snapshot: %v (handler called %d times)", err, len(h.synced))
+	}
+
+	old := &fakeHandler{}
+	_, addr, _ = serve(t, "127.0.0.1:0", key, old)
+	c, _ = Dial(addr, key)
+	if _, err := c.Sync(ctx, SyncRequest{Snapshot: snap}); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "unknown operation") {
+		t.Errorf("Sync to a handler without it: %v, want ErrRefused (unknown operation)", err)
+	}
+	if got := old.callList(); len(got) != 0 {
+		t.Errorf("calls %v", got)
 	}
 }

@@ -282,6 +282,19 @@ func (s *Server) run(req request) (any, error) {
 		return st, err
 	case opDrain:
 		return nil, s.h.Drain()
+	case opSync:
+		sy, ok := s.h.(Syncer)
+		if !ok {
+			break // a handler without it: an unknown operation, as for an older agent
+		}
+		var r SyncRequest
+		if err := args(&r); err != nil {
+			return nil, err
+		}
+		if r.Snapshot == nil {
+			return nil, fmt.Errorf("%w: sync without a snapshot", ErrRefused)
+		}
+		return sy.Sync(r)
 	}
 	return nil, fmt.Errorf("%w: unknown operation %q", ErrRefused, req.Op)
 }

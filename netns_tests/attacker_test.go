@@ -357,8 +357,14 @@ func (a *attacker) results(job uint32) int {
 // send injects f count times.
 func (a *attacker) send(t *testing.T, f frame, count int) {
 	t.Helper()
+	a.sendOn(t, a.h.Ifindex, f, count)
+}
+
+// sendOn is send out of another of the host's links (e.g. Ifindex2, to the standby switch).
+func (a *attacker) sendOn(t *testing.T, ifindex int, f frame, count int) {
+	t.Helper()
 	b := f.bytes()
-	to := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: a.h.Ifindex, Halen: 6}
+	to := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifindex, Halen: 6}
 	copy(to.Addr[:], f.dstMAC)
 	for range count {
 		if err := unix.Sendto(a.fd, b, 0, to); err != nil {

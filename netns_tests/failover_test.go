@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -162,8 +163,8 @@ func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *ru
 	a.startPS(ctx, t, spec)
 	spec.key = key
 	j := a.startJob(ctx, t, spec)
-	e.waitView(t, "the replica holding every member", 30*time.Second, func(v controller.View) bool {
-		return len(v.Groups) == 1 && len(v.Groups[0].Members) == len(j.hosts)
+	e.waitView(t, "the replica holding every member, mirrored onto the standby", 30*time.Second, func(v controller.View) bool {
+		return len(v.Groups) == 1 && len(v.Groups[0].Members) == len(j.hosts) && v.Groups[0].Hot && !v.Groups[0].Mirrored.Before(v.Groups[0].ReplicaTaken)
 	})
 	return j
 }
@@ -298,6 +299,9 @@ func (e *failoverEnv) failPrimary(ctx context.Context, t *testing.T, j *runningJ
 	r := failure{killToOff: down.Sub(killed)}
 	r.longest, _ = stall()
 	r.f = e.checkMoved(t, v, controller.ReasonFailed, "replica", len(j.hosts))
+	if !r.f.Hot {
+		t.Errorf("the failover's target was not a hot standby: %+v", r.f)
+	}
 	r.decided = r.f.Started.Sub(killed)
 	select {
 	case r.recovery = <-next:
@@ -323,9 +327,11 @@ func (e *failoverEnv) checkMoved(t *testing.T, v controller.View, reason, source
 
 // TestFailoverPrimaryKilled: issue 10 (a). The primary's agent is SIGKILLed mid-job, its XDP
 // detached and its ports taken down. The hosts' kernels move the traffic to the standby (carrier
-// loss); the controller declares the primary failed (3 heartbeats of 100 ms) and restores its
-// replica (jobs, keys, members) on the standby; what the primary was aggregating is recovered by
-// the workers' resends and the PS. Every allreduce is exact; the standby aggregates afterwards.
+// loss), which is hot: the controller has mirrored the primary's jobs, keys and members onto it
+// at every replica, so it aggregates at once; what the primary was aggregating is recovered by
+// the workers' resends and the PS. The controller then declares the primary failed (3
+// heartbeats of 100 ms) and restores the replica on the standby without resetting it (the
+// record says hot). Every allreduce is exact; the standby aggregates afterwards.
 func TestFailoverPrimaryKilled(t *testing.T) {
 	const job = 71
 	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 0)
@@ -433,9 +439,13 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	e.killController(t)
 	time.Sleep(300 * time.Millisecond) // the job runs on without a controller
+	restarted := time.Now()
 	e.startController(t)
-	e.waitView(t, "heartbeating again", 30*time.Second, func(v controller.View) bool {
-		return v.Time.After(before.Time) && len(v.Groups[0].Switches) == 2 && v.Groups[0].Switches[0].State == controller.StateHealthy
+	e.waitView(t, "heartbeating and mirroring again", 30*time.Second, func(v controller.View) bool {
+		// Mirrored after the restart: the new controller reset the standby's job and mirrored the
+		// primary onto it (the old one's last status files are newer than before, too).
+		return v.Time.After(before.Time) && len(v.Groups[0].Switches) == 2 && v.Groups[0].Switches[0].State == controller.StateHealthy &&
+			v.Groups[0].Hot && v.Groups[0].Mirrored.After(restarted)
 	})
 	after, _ := e.view()
 	if after.Jobs[0].KeyFile != before.Jobs[0].KeyFile {
@@ -452,6 +462,39 @@ func TestFailoverControllerRestarted(t *testing.T) {
 	}
 }
 
+// forgeDuring runs j's allreduces (each exact) for d while the env's first extra host, no member,
+// sends DATA of the job claiming worker 1 (with flags) to the primary, or to the standby: from
+// its own address, and with worker 1's address and MAC. It returns the attacker and the counters
+// of the switch attacked before and after.
+func (e *failoverEnv) forgeDuring(ctx context.Context, t *testing.T, j *runningJob, standby bool, flags uint16, d time.Duration) (atk *attacker, before, after map[string]uint64) {
+	t.Helper()
+	atk = newAttacker(t, e.tp, e.tp.Workers[len(e.hosts)])
+	ifindex, pin := atk.h.Ifindex, e.pinP
+	if standby {
+		ifindex, pin = atk.h.Ifindex2, e.pinS
+	}
+	w1, ps := e.hosts[1], e.tp.PS
+	before = inspect(t, e.bin, pin).Counters
+	var seq atomic.Uint32
+	start := time.Now()
+	during(func() {
+		for range 8 {
+			s := seq.Add(1)
+			data := xpkt(wire.Header{Type: wire.MsgData, JobId: j.id, Seq: s, AggIndex: s % failoverPool, Flags: flags,
+				Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
+			atk.sendOn(t, ifindex, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data), 1)
+			f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data)
+			f.srcMAC = w1.MAC
+			atk.sendOn(t, ifindex, f, 1)
+		}
+	}, func() {
+		for time.Since(start) < d {
+			reduceExact(ctx, t, j, 1, 50_000, uint64(seq.Load()))
+		}
+	})
+	return atk, before, inspect(t, e.bin, pin).Counters
+}
+
 // TestFailoverAttackerCannotForceDrain: a host on a switch port that is not a member floods the
 // primary with DATA for the job flagged as resends — from its own address claiming worker 1,
 // and with worker 1's address and MAC — while the job runs under the tight degradation policy.
@@ -461,30 +504,8 @@ func TestFailoverControllerRestarted(t *testing.T) {
 func TestFailoverAttackerCannotForceDrain(t *testing.T) {
 	const job = 74
 	e, ctx, j := runFailoverJob(t, job, tightDegrade, 1)
-	atk := newAttacker(t, e.tp, e.tp.Workers[3])
-	w1, ps := e.hosts[1], e.tp.PS
-	data := func(seq uint32) []byte {
-		return xpkt(wire.Header{Type: wire.MsgData, JobId: job, Seq: seq, AggIndex: seq % failoverPool, Flags: wire.FlagResend,
-			Bitmap0: 1 << 1, FanIn0: 3, WorkerId: 1}, 64, 1<<20)
-	}
-	before := inspect(t, e.bin, e.pinP).Counters
-	var seq uint32
-	start := time.Now()
-	during(func() {
-		for range 8 {
-			seq++
-			atk.send(t, atk.from(atk.h.IP, 9600, ps.IP, loader.DefaultPort, data(seq)), 1)
-			f := atk.from(w1.IP, 9600, ps.IP, loader.DefaultPort, data(seq))
-			f.srcMAC = w1.MAC
-			atk.send(t, f, 1)
-		}
-	}, func() {
-		// At least 15 heartbeats (five policy windows) of attack, with the job running.
-		for time.Since(start) < 1500*time.Millisecond {
-			reduceExact(ctx, t, j, 1, 50_000, uint64(seq))
-		}
-	})
-	after := inspect(t, e.bin, e.pinP).Counters
+	// At least 15 heartbeats (five policy windows) of attack, with the job running.
+	atk, before, after := e.forgeDuring(ctx, t, j, false, wire.FlagResend, 1500*time.Millisecond)
 	// DATA is held to the member's exact registration (address, UDP port, switch port): both
 	// kinds fail it, before any slot (or resend counter) is touched.
 	grew(t, before, after, "not_member", 100)
@@ -500,4 +521,24 @@ func TestFailoverAttackerCannotForceDrain(t *testing.T) {
 	}
 	t.Logf("forged resends: %d frames; not_member +%d, duplicate +%d; no failover, job exact",
 		atk.sent.Load(), after["not_member"]-before["not_member"], after["duplicate"]-before["duplicate"])
+}
+
+// TestFailoverHotStandbyAttacked: the hot standby holds the job's members (mirrored from the
+// primary) and nothing else: a host on a standby port that is not a member sends it DATA for the
+// job — from its own address claiming worker 1, and with worker 1's address and MAC — while the
+// job runs on the primary. The standby holds every binding exactly as the primary does (address,
+// UDP port, port), so it drops it all (not_member) and aggregates nothing; the job stays exact.
+func TestFailoverHotStandbyAttacked(t *testing.T) {
+	const job = 75
+	e, ctx, j := runFailoverJob(t, job, `{"off": true}`, 1)
+	atk, before, after := e.forgeDuring(ctx, t, j, true, 0, time.Second)
+	grew(t, before, after, "not_member", 100)
+	if d := after["aggregated"] - before["aggregated"]; d != 0 {
+		t.Errorf("the standby aggregated %d forged DATA", d)
+	}
+	if v, err := e.view(); err != nil || !v.Groups[0].Hot || v.Groups[0].Active != "sw-a" {
+		t.Errorf("view %+v %v", v.Groups, err)
+	}
+	t.Logf("forged DATA to the hot standby: %d frames; not_member +%d, aggregated +0; job exact",
+		atk.sent.Load(), after["not_member"]-before["not_member"])
 }

@@ -151,7 +151,7 @@ func runGroups(config, dir string, local netip.AddrPort, metrics, ready string, 
 			log.Info("switch state", "switch", s.Name, "state", s.State, "reason", s.Reason)
 		},
 		OnFailover: func(f controller.Failover) {
-			args := []any{"group", f.Group, "from", f.From, "to", f.To, "reason", f.Reason, "detail", f.Detail, "source", f.Source,
+			args := []any{"group", f.Group, "from", f.From, "to", f.To, "reason", f.Reason, "detail", f.Detail, "source", f.Source, "hot", f.Hot,
 				"drain", f.Drain, "snapshot", f.Snapshot, "restore", f.Restore, "total", f.Total, "migrated", f.Migrated, "notes", f.Notes}
 			if f.Error != "" {
 				log.Error("failover did not complete", append(args, "err", f.Error)...)

@@ -75,9 +75,14 @@ func inspectController(path string, asJSON bool, stdout io.Writer) error {
 			}
 			tw.Flush()
 		}
+		if g.Hot {
+			fmt.Fprintf(stdout, "  standby hot: mirrored the replica of %s\n", g.Mirrored.Format(time.RFC3339Nano))
+		} else {
+			fmt.Fprintln(stdout, "  standby not hot (not mirrored since the controller started, the last failover, or a mirror that failed)")
+		}
 		if f := g.LastFailover; f != nil {
-			fmt.Fprintf(stdout, "  last failover %s: %s -> %s (%s: %s), state from %s; drain %v, snapshot %v, restore %v, total %v; migrated %+v\n",
-				f.Started.Format(time.RFC3339), f.From, f.To, f.Reason, f.Detail, f.Source, f.Drain, f.Snapshot, f.Restore, f.Total, f.Migrated)
+			fmt.Fprintf(stdout, "  last failover %s: %s -> %s (%s: %s), state from %s (onto a hot standby: %v); drain %v, snapshot %v, restore %v, total %v; migrated %+v\n",
+				f.Started.Format(time.RFC3339), f.From, f.To, f.Reason, f.Detail, f.Source, f.Hot, f.Drain, f.Snapshot, f.Restore, f.Total, f.Migrated)
 			if f.Error != "" {
 				fmt.Fprintf(stdout, "  it did not complete: %s\n", f.Error)
 			}
