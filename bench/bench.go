@@ -89,6 +89,9 @@ type Options struct {
 	// LinkRates are the host-link rates to measure at, in bits/s per direction (topo.ShapeLinks
 	// on every mode's topology alike); 0 is unshaped. Default: unshaped only.
 	LinkRates []uint64
+	// SwitchObject, when set, is a compiled switch object to run instead of the built-in one
+	// (loader.Config.Object): A/B runs of switch program changes.
+	SwitchObject string
 }
 
 // DefaultBytes are the sizes: iSwitch's PPO model, ATP's microbenchmark, a large layer.
@@ -725,7 +728,7 @@ func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (
 		// Each worker's link carries its own window.
 		timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
 		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
-			Switch: loader.Config{PoolSize: 4096}, AFXDP: name == ModeXdpagg && rate == 0})
+			Switch: loader.Config{PoolSize: 4096, Object: opts.SwitchObject}, AFXDP: name == ModeXdpagg && rate == 0})
 		if err != nil {
 			return nil, err
 		}

@@ -9,24 +9,32 @@
  * packet. The last partial chunk, if any, goes through the per-CPU scratch instead (zero-padded
  * to a whole chunk), because a direct access must be proven in bounds chunk by chunk.
  *
- * SWAR add: two int32 lanes per 64-bit word (BPF has no SIMD). The low 31 bits of both lanes are
- * added with the lanes' sign bits masked off, so no carry crosses a lane; the sign bits are then
- * put back by XOR. Signed overflow of a lane shows in the sign bit of (a ^ r) & (b ^ r); it is
- * OR-ed into a sticky word rather than saturated per lane: a fragment that overflowed anywhere is
- * not a valid sum whatever its lanes hold (F_OVERFLOW; workers repair it at the PS), so the
- * switch only has to notice, which halves the work per value.
+ * SWAR add: two int32 lanes per 64-bit word (BPF has no SIMD). One 64-bit add sums both lanes,
+ * except that the low lane's carry (bit 32 of a ^ b ^ s, the sum's bit 32 with the operands' own
+ * bits taken out) has leaked into the high lane: subtracting it back cuts the lanes apart. Signed
+ * overflow of a lane shows in the sign bit of (a ^ r) & (b ^ r) (both operands' signs differ from
+ * the result's); it is OR-ed into a sticky word rather than saturated per lane, and masked to the
+ * lanes' sign bits once per packet: a fragment that overflowed anywhere is not a valid sum
+ * whatever its lanes hold (F_OVERFLOW; workers repair it at the PS), so the switch only has to
+ * notice, which halves the work per value.
+ *
+ * This form needs one constant (the carry bit) where masking both lanes' sign bits off before
+ * the add and putting them back by XOR needs two (0x7fffffff7fffffff and its complement); with
+ * BPF's ten registers that second constant made clang spill a pointer and reload constants on
+ * every word (docs/benchmarks.md, Fast path: the switch adder).
  *
  * Separate static functions (verified in the caller's context; allowed under the spin lock):
  * alone, clang keeps their pointers in registers instead of spilling them on every lane. */
-#define LANES_LOW31 0x7fffffff7fffffffULL
 #define LANES_SIGN 0x8000000080000000ULL
+#define LANE_CARRY 0x0000000100000000ULL
 #define CHUNK_WORDS (XAGG_CHUNK / 2)
 #define CHUNK_BYTES (XAGG_CHUNK * 4)
 #define MAX_CHUNKS (XAGG_MAX_VALUES / XAGG_CHUNK)
 
 static __always_inline __u64 lane_add(__u64 a, __u64 b, __u64 *ovf)
 {
-	__u64 r = ((a & LANES_LOW31) + (b & LANES_LOW31)) ^ ((a ^ b) & LANES_SIGN);
+	__u64 s = a + b;
+	__u64 r = s - ((a ^ b ^ s) & LANE_CARRY);
 	*ovf |= (a ^ r) & (b ^ r);
 	return r;
 }

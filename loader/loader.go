@@ -78,6 +78,10 @@ type Config struct {
 	// compiled slot), whatever RegSlots is: 3 MiB by default.
 	RegArrays uint32
 	RegSlots  uint32
+	// Object, when set, is the path of a compiled switch object (bpf/xdpagg_bpfel.o of another
+	// revision, with the same maps and variables) loaded instead of the embedded one, so that a
+	// benchmark can compare program revisions in one run (xdpagg bench --switch-object).
+	Object string
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -139,9 +143,15 @@ type Switch struct {
 
 // Spec returns the compiled collection spec with cfg applied (constants set, pool sized).
 func Spec(cfg Config) (*ebpf.CollectionSpec, error) {
-	spec, err := bpf.LoadXdpagg()
+	var spec *ebpf.CollectionSpec
+	var err error
+	if cfg.Object != "" {
+		spec, err = ebpf.LoadCollectionSpec(cfg.Object)
+	} else {
+		spec, err = bpf.LoadXdpagg()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("load embedded BPF object: %w", err)
+		return nil, fmt.Errorf("load BPF object: %w", err)
 	}
 	sets := map[string]any{
 		bpf.XdpaggVarAggPort:       cfg.Port,

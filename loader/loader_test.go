@@ -623,3 +623,23 @@ func TestAdopt(t *testing.T) {
 		t.Errorf("after Close the pin directory is still there: %v", err)
 	}
 }
+
+// Config.Object loads another build of the switch (benchmarks' A/B runs) with the same
+// configuration applied; a missing object is an error, never the embedded one in its place.
+func TestSpecObject(t *testing.T) {
+	obj := filepath.Join("..", "bpf", "xdpagg_bpfel.o")
+	spec, err := loader.Spec(loader.Config{PoolSize: 77, Object: obj})
+	if err != nil {
+		t.Fatalf("Spec with Object: %v", err)
+	}
+	if got := spec.Maps[bpf.XdpaggMapSlots].MaxEntries; got != 77 {
+		t.Errorf("slots MaxEntries = %d, want 77", got)
+	}
+	var pool uint32
+	if err := spec.Variables[bpf.XdpaggVarPoolSize].Get(&pool); err != nil || pool != 77 {
+		t.Errorf("pool_size = %d (%v), want 77", pool, err)
+	}
+	if _, err := loader.Spec(loader.Config{PoolSize: 77, Object: filepath.Join(t.TempDir(), "missing.o")}); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Spec with a missing Object: %v, want an error wrapping os.ErrNotExist", err)
+	}
+}

@@ -80,6 +80,9 @@ type Options struct {
 	// zero, so no restore is needed; the adder is branch-free, so its work does not depend on
 	// the values.
 	Gradient bool
+	// SwitchObject, when set, is a compiled switch object to measure instead of the built-in
+	// one (loader.Config.Object): A/B runs of switch program changes.
+	SwitchObject string
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -180,7 +183,7 @@ func Measure(ctx context.Context, opt Options) (res Result, err error) {
 	// Pool: 2*Window slots for the mix, and room for the non-completing aggregate path, whose
 	// fragments are never freed (31 contributions each, with slack for re-runs after EINTR).
 	pool := max(4096, 2*opt.Window, (runWarmup+RunRepeat)/aggregateWorkers*5/4+2*opt.Window)
-	sw, err := loader.Load(loader.Config{PoolSize: uint32(pool)})
+	sw, err := loader.Load(loader.Config{PoolSize: uint32(pool), Object: opt.SwitchObject})
 	if err != nil {
 		return Result{}, fmt.Errorf("load switch: %w", err)
 	}

@@ -46,6 +46,7 @@ func runBench(args []string, stdout io.Writer) error {
 		quiet   = fs.Bool("quiet", false, "no progress line")
 		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
 		rates   = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
+		swObj   = fs.String("switch-object", "", "run this compiled switch object (bpf/xdpagg_bpfel.o of another revision) instead of the built-in one, in the xdpagg mode and --switch-capacity: A/B runs of switch program changes")
 		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
 
 		sparseMode = fs.Bool("sparse", false, "run the sparse benchmark instead (Zebra Figs. 6, 9, 10 on a recorded trace; --workers applies)")
@@ -58,7 +59,7 @@ func runBench(args []string, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("%w: the benchmark needs root (network namespaces, XDP)", errUsage)
 	}
-	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window, MTU: *mtu}
+	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window, MTU: *mtu, SwitchObject: *swObj}
 	if !*quiet {
 		opts.Progress = os.Stderr
 	}
@@ -133,7 +134,7 @@ func runBench(args []string, stdout io.Writer) error {
 			fmt.Fprint(os.Stderr, "\r\033[Kmeasuring switch capacity ...")
 		}
 		// The packets the topology's MTU carries: the switch's work per packet scales with it.
-		copts := capacity.Options{}
+		copts := capacity.Options{SwitchObject: *swObj}
 		if *mtu > 0 {
 			copts.Values = wire.ValuesForMTU(*mtu)
 		}
