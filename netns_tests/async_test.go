@@ -376,9 +376,13 @@ func TestSetHAndFBcast(t *testing.T) {
 		t.Fatalf("late worker: %v", err)
 	}
 	checkSum(t, "H=2 the late worker", in[2], orig[:2], 0, n)
-	st := j.workers[2].Stats()
-	if st.ShadowResults == 0 {
-		t.Errorf("the late worker got no shadow copy: %+v", st)
+	// The late worker is a member, so the switch's broadcast of each completed sum reached it
+	// too; whether its AllReduce took those or the shadow copies the switch sent back for its own
+	// late fragments depends on scheduling (under load the broadcast still sits in its socket
+	// when the call starts). Either way the sum is the two others' (checked above), and the
+	// switch answered its fragments without adding them.
+	if st := j.workers[2].Stats(); st.ShadowResults == 0 && st.DuplicateResults == 0 {
+		t.Errorf("the late worker's fragments were not answered from the completed slots: %+v", st)
 	}
 
 	// An intruder on another host holding the job's key but bound to nothing (worker id 0 is
