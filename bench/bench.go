@@ -79,6 +79,12 @@ type Options struct {
 	// LinkRates are the host-link rates to measure at, in bits/s per direction (topo.ShapeLinks
 	// on every mode's topology alike); 0 is unshaped. Default: unshaped only.
 	LinkRates []uint64
+	// Host-side tuning of xdpagg's testbed, for A/B runs (docs/benchmarks.md, Fast path): the
+	// workers' WorkerConfig.BusyPoll and SocketBuffer (0: hostlib's defaults), and threaded NAPI
+	// on every veth of the testbed (topo.SetThreadedNAPI).
+	BusyPoll     time.Duration
+	SocketBuffer int
+	ThreadedNAPI bool
 }
 
 // DefaultBytes are the sizes: iSwitch's PPO model, ATP's microbenchmark, a large layer.
@@ -713,9 +719,16 @@ func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (
 		// Each worker's link carries its own window.
 		timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
 		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
-			Switch: loader.Config{PoolSize: 4096}})
+			Switch: loader.Config{PoolSize: 4096}, ExtraWorker: func(_ int, cfg *hostlib.WorkerConfig) {
+				cfg.BusyPoll, cfg.SocketBuffer = opts.BusyPoll, opts.SocketBuffer
+			}})
 		if err != nil {
 			return nil, err
+		}
+		if opts.ThreadedNAPI {
+			if err := bed.Topo.SetThreadedNAPI(true); err != nil {
+				return nil, errors.Join(err, bed.Close())
+			}
 		}
 		if rate != 0 {
 			if err := bed.Topo.ShapeLinks(rate); err != nil {

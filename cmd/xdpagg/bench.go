@@ -31,22 +31,25 @@ type benchOutput struct {
 func runBench(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (
-		modes   = fs.String("modes", strings.Join(bench.AllModes, ","), "modes to compare: xdpagg,ps,ring,gloo")
-		sizes   = fs.String("sizes", "40KB,4MiB,64MiB", "tensor sizes (float32 bytes per worker): NNN, NNNKB, NNNMiB")
-		workers = fs.String("workers", "2,4,8", "worker counts")
-		rounds  = fs.Int("rounds", 0, "interleaved rounds per cell (0: 9, or 5 for sizes >= 16MiB)")
-		window  = fs.Int("window", 0, "fragments in flight per worker for xdpagg/ps (0: hostlib default)")
-		python  = fs.String("python", "/usr/bin/python3", "Python with torch for the gloo mode")
-		out     = fs.String("out", "bench-out", "directory for bench.json and bench.png")
-		asJSON  = fs.Bool("json", false, "print the JSON report instead of the table")
-		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames, against its payload-copy ceiling and bare XDP_TX) instead of the modes")
-		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
-		lossOne = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
-		pairs   = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
-		quiet   = fs.Bool("quiet", false, "no progress line")
-		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
-		rates   = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
-		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
+		modes    = fs.String("modes", strings.Join(bench.AllModes, ","), "modes to compare: xdpagg,ps,ring,gloo")
+		sizes    = fs.String("sizes", "40KB,4MiB,64MiB", "tensor sizes (float32 bytes per worker): NNN, NNNKB, NNNMiB")
+		workers  = fs.String("workers", "2,4,8", "worker counts")
+		rounds   = fs.Int("rounds", 0, "interleaved rounds per cell (0: 9, or 5 for sizes >= 16MiB)")
+		window   = fs.Int("window", 0, "fragments in flight per worker for xdpagg/ps (0: hostlib default)")
+		python   = fs.String("python", "/usr/bin/python3", "Python with torch for the gloo mode")
+		out      = fs.String("out", "bench-out", "directory for bench.json and bench.png")
+		asJSON   = fs.Bool("json", false, "print the JSON report instead of the table")
+		capOnly  = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames, against its payload-copy ceiling and bare XDP_TX) instead of the modes")
+		capToo   = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
+		lossOne  = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
+		pairs    = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
+		quiet    = fs.Bool("quiet", false, "no progress line")
+		mtu      = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
+		rates    = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
+		busyPoll = fs.Duration("busy-poll", 0, "xdpagg's workers: SO_BUSY_POLL for this long (e.g. 50us) and SO_PREFER_BUSY_POLL on their sockets (0: off, the default)")
+		sockBuf  = fs.Int("socket-buffer", 0, "xdpagg's workers: SO_RCVBUF/SO_SNDBUF in bytes (0: hostlib's default, 8 MiB)")
+		threaded = fs.Bool("threaded-napi", false, "xdpagg's testbed: threaded NAPI on every veth (switch ports and hosts)")
+		cpuProf  = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
 
 		sparseMode = fs.Bool("sparse", false, "run the sparse benchmark instead (Zebra Figs. 6, 9, 10 on a recorded trace; --workers applies)")
 		sparseIter = fs.Int("sparse-iterations", 60, "--sparse: iterations of the trace per round")
@@ -58,7 +61,8 @@ func runBench(args []string, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("%w: the benchmark needs root (network namespaces, XDP)", errUsage)
 	}
-	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window, MTU: *mtu}
+	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window, MTU: *mtu,
+		BusyPoll: *busyPoll, SocketBuffer: *sockBuf, ThreadedNAPI: *threaded}
 	if !*quiet {
 		opts.Progress = os.Stderr
 	}
