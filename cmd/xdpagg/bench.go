@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/xdpagg/xdpagg/bench"
 	"github.com/xdpagg/xdpagg/bench/capacity"
@@ -49,6 +52,8 @@ func runBench(args []string, stdout io.Writer) error {
 		busyPoll = fs.Duration("busy-poll", 0, "xdpagg's workers: SO_BUSY_POLL for this long (e.g. 50us) and SO_PREFER_BUSY_POLL on their sockets (0: off, the default)")
 		sockBuf  = fs.Int("socket-buffer", 0, "xdpagg's workers: SO_RCVBUF/SO_SNDBUF in bytes (0: hostlib's default, 8 MiB)")
 		threaded = fs.Bool("threaded-napi", false, "xdpagg's testbed: threaded NAPI on every veth (switch ports and hosts)")
+		profN    = fs.Int("profile", 0, "instead of the modes: N allreduces (then N more with BPF statistics on) on one xdpagg testbed, the first --workers and --sizes; prints where the CPU goes. --cpuprofile and --perf-record then cover only the timed N")
+		perfOut  = fs.String("perf-record", "", "--profile: run `perf record -a -g` over the timed allreduces into `file`")
 		cpuProf  = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
 
 		sparseMode = fs.Bool("sparse", false, "run the sparse benchmark instead (Zebra Figs. 6, 9, 10 on a recorded trace; --workers applies)")
@@ -87,6 +92,9 @@ func runBench(args []string, stdout io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if *profN > 0 {
+		return runProfile(ctx, opts, *profN, *cpuProf, *perfOut, stdout)
+	}
 	if *cpuProf != "" {
 		f, err := os.Create(*cpuProf)
 		if err != nil {
@@ -219,4 +227,53 @@ func parseSizes(s string) ([]int, error) {
 		out = append(out, n*mult)
 	}
 	return out, nil
+}
+
+// runProfile is `xdpagg bench --profile N`: bench.Profile with the Go CPU profile and perf
+// confined to the timed allreduces.
+func runProfile(ctx context.Context, opts bench.Options, n int, cpuProf, perfOut string, stdout io.Writer) error {
+	po := bench.ProfileOptions{Workers: opts.Workers[0], Bytes: opts.Bytes[0], MTU: opts.MTU, Allreduces: n,
+		BusyPoll: opts.BusyPoll, SocketBuffer: opts.SocketBuffer, ThreadedNAPI: opts.ThreadedNAPI}
+	var startErr error
+	var perf *exec.Cmd
+	var prof *os.File
+	po.Ready = func() {
+		if perfOut != "" {
+			perf = exec.Command("perf", "record", "-a", "-g", "-o", perfOut)
+			perf.Stdout, perf.Stderr = os.Stderr, os.Stderr
+			if err := perf.Start(); err != nil {
+				startErr = fmt.Errorf("perf record: %w", err)
+				perf = nil
+			} else {
+				time.Sleep(time.Second) // perf needs a moment before it samples
+			}
+		}
+		if cpuProf != "" {
+			f, err := os.Create(cpuProf)
+			if err == nil {
+				err = pprof.StartCPUProfile(f)
+			}
+			if err != nil {
+				startErr = errors.Join(startErr, fmt.Errorf("cpu profile: %w", err))
+				return
+			}
+			prof = f
+		}
+	}
+	po.Done = func() {
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof.Close()
+		}
+		if perf != nil {
+			_ = perf.Process.Signal(os.Interrupt)
+			_ = perf.Wait()
+		}
+	}
+	res, err := bench.Profile(ctx, po)
+	if err != nil {
+		return err
+	}
+	res.Table(stdout)
+	return startErr
 }
