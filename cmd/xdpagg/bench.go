@@ -47,7 +47,7 @@ func runBench(args []string, stdout io.Writer) error {
 		lossOne  = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
 		pairs    = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
 		quiet    = fs.Bool("quiet", false, "no progress line")
-		mtu      = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
+		mtu      = fs.Int("mtu", bench.DefaultMTU, "MTU of the topology's links (576..3388; at 3388 a packet holds 832 values, at 1500 360)")
 		rates    = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
 		busyPoll = fs.Duration("busy-poll", 0, "xdpagg's workers: SO_BUSY_POLL for this long (e.g. 50us) and SO_PREFER_BUSY_POLL on their sockets (0: off, the default)")
 		sockBuf  = fs.Int("socket-buffer", 0, "xdpagg's workers: SO_RCVBUF/SO_SNDBUF in bytes (0: hostlib's default, 8 MiB)")
