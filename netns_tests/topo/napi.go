@@ -33,19 +33,27 @@ func (t *Topology) SetThreadedNAPI(on bool) error {
 		if !ok {
 			return fmt.Errorf("threaded NAPI: namespace %s not open", ns)
 		}
-		if err := writeNetSysfs(nsh, devs, "threaded", v); err != nil {
+		err := inNetSysfs(nsh, func(sys string) error {
+			for _, d := range devs {
+				if err := os.WriteFile(filepath.Join(sys, "class", "net", d, "threaded"), []byte(v), 0); err != nil {
+					return fmt.Errorf("%s: %w", d, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			return fmt.Errorf("threaded NAPI in %s: %w", ns, err)
 		}
 	}
 	return nil
 }
 
-// writeNetSysfs writes value to /sys/class/net/<dev>/<attr> for every dev of namespace nsh. sysfs
-// shows the network devices of the namespace that mounted it, so the write happens on a thread
-// of its own: a private mount namespace, the target network namespace, and a fresh sysfs mount
-// there. That thread is never unlocked: it ends with its goroutine rather than return to Go's
-// pool in another mount namespace.
-func writeNetSysfs(nsh netns.NsHandle, devs []string, attr, value string) error {
+// inNetSysfs runs fn with the directory of a sysfs that shows the network devices of namespace
+// nsh. sysfs shows those of the namespace that mounted it, so fn runs on a thread of its own: a
+// private mount namespace, the target network namespace, and a fresh sysfs mount there. That
+// thread is never unlocked: it ends with its goroutine rather than return to Go's pool in another
+// mount namespace.
+func inNetSysfs(nsh netns.NsHandle, fn func(sys string) error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -68,13 +76,7 @@ func writeNetSysfs(nsh netns.NsHandle, devs []string, attr, value string) error 
 				return fmt.Errorf("mount sysfs: %w", err)
 			}
 			defer unix.Unmount(dir, unix.MNT_DETACH)
-			for _, d := range devs {
-				p := filepath.Join(dir, "class", "net", d, attr)
-				if err := os.WriteFile(p, []byte(value), 0); err != nil {
-					return fmt.Errorf("%s: %w", d, err)
-				}
-			}
-			return nil
+			return fn(dir)
 		}()
 	}()
 	return <-done
