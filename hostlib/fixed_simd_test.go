@@ -48,23 +48,6 @@ func FuzzSIMDCodecMatchesScalar(f *testing.F) {
 	})
 }
 
-func BenchmarkQuantizeToScalar(b *testing.B) {
-	vals := make([]float32, 832)
-	for i := range vals {
-		vals[i] = float32(i)/832 - 0.5
-	}
-	out := make([]byte, 4*len(vals))
-	b.SetBytes(int64(len(out)))
-	for b.Loop() {
-		quantizeToScalar(out, vals, 24)
-	}
-}
+func BenchmarkQuantizeToScalar(b *testing.B) { benchQuantize(b, quantizeToScalar) }
 
-func BenchmarkDequantizeFromScalar(b *testing.B) {
-	dst := make([]float32, 832)
-	in := make([]byte, 4*len(dst))
-	b.SetBytes(int64(len(in)))
-	for b.Loop() {
-		dequantizeFromScalar(dst, in, 24)
-	}
-}
+func BenchmarkDequantizeFromScalar(b *testing.B) { benchDequantize(b, dequantizeFromScalar) }
