@@ -79,8 +79,15 @@ func Profile(ctx context.Context, opts ProfileOptions) (res ProfileResult, err e
 	if opts.Allreduces == 0 {
 		opts.Allreduces = 150
 	}
-	if opts.Bytes%4 != 0 || opts.Workers < 1 || opts.Workers > wire.MaxWorkers {
-		return res, fmt.Errorf("%w: profile of %d workers, %d bytes", ErrConfig, opts.Workers, opts.Bytes)
+	switch {
+	case opts.Bytes <= 0 || opts.Bytes%4 != 0:
+		return res, fmt.Errorf("%w: profile: size %d bytes: use a positive multiple of 4", ErrConfig, opts.Bytes)
+	case opts.Workers < 1 || opts.Workers > wire.MaxWorkers:
+		return res, fmt.Errorf("%w: profile: %d workers: use 1..%d", ErrConfig, opts.Workers, wire.MaxWorkers)
+	case opts.MTU < 576 || opts.MTU > DefaultMTU:
+		return res, fmt.Errorf("%w: profile: MTU %d: use 576..%d", ErrConfig, opts.MTU, DefaultMTU)
+	case opts.Allreduces < 0:
+		return res, fmt.Errorf("%w: profile: %d allreduces", ErrConfig, opts.Allreduces)
 	}
 	bed, err := testbed.New(testbed.Options{Workers: opts.Workers, MTU: opts.MTU, Switch: loader.Config{PoolSize: 4096},
 		ExtraWorker: func(_ int, cfg *hostlib.WorkerConfig) {
