@@ -48,8 +48,11 @@ type ProfileResult struct {
 	// Machine-wide /proc/stat time per allreduce (ms), by field (user, system, softirq, idle,
 	// ...): on a shared machine this includes everyone's load.
 	MachineMs map[string]float64
-	OwnMs     float64            // this process (workers' goroutines and the syscalls' softirq work) and ksoftirqd
-	Softirqs  map[string]float64 // /proc/softirqs raised per allreduce
+	OwnMs     float64 // this process (workers' goroutines and the syscalls' softirq work) and ksoftirqd
+	// The workers' counters per allreduce, all workers together: DATA packets sent, of them
+	// resent, UDP GSO messages they went in, and results received.
+	DataSent, Retransmits, GSOMessages, Results float64
+	Softirqs                                    map[string]float64 // /proc/softirqs raised per allreduce
 	// Second phase, with the kernel's BPF run-time statistics on (they cost two clock reads per
 	// program run, so they are kept out of the timed phase): per program, runs and ms per
 	// allreduce and ns per run.
@@ -133,6 +136,7 @@ func Profile(ctx context.Context, opts ProfileOptions) (res ProfileResult, err e
 		opts.Ready()
 	}
 	copyCPU = 0
+	ws0 := workerTotals(bed)
 	st0, sq0, own0 := statFields(), softirqCounts(), ownCPU()
 	ms := make([]float64, 0, opts.Allreduces)
 	for range opts.Allreduces {
@@ -143,6 +147,7 @@ func Profile(ctx context.Context, opts ProfileOptions) (res ProfileResult, err e
 		ms = append(ms, d.Seconds()*1e3)
 	}
 	st1, sq1, own1 := statFields(), softirqCounts(), ownCPU()
+	ws1 := workerTotals(bed)
 	if opts.Done != nil {
 		opts.Done()
 	}
@@ -156,6 +161,10 @@ func Profile(ctx context.Context, opts ProfileOptions) (res ProfileResult, err e
 		}
 	}
 	res.OwnMs = (own1 - own0 - copyCPU) * 1e3 * per
+	res.DataSent = float64(ws1.DataSent-ws0.DataSent) * per
+	res.Retransmits = float64(ws1.Retransmits-ws0.Retransmits) * per
+	res.GSOMessages = float64(ws1.GSOMessages-ws0.GSOMessages) * per
+	res.Results = float64(ws1.ResultsReceived-ws0.ResultsReceived) * per
 	res.Softirqs = map[string]float64{}
 	for k, v := range sq1 {
 		if d := (v - sq0[k]) * per; d > 0 {
@@ -203,6 +212,8 @@ func (r ProfileResult) Table(w io.Writer) {
 	fmt.Fprintf(w, "allreduce: median %.2f ms (p10 %.2f, p90 %.2f)\n", r.MedianMs, r.P10Ms, r.P90Ms)
 	fmt.Fprintf(w, "CPU per allreduce: this process %.1f ms (%.2f µs per DATA packet, %.2f ns per byte reduced)\n",
 		r.OwnMs, r.OwnMs*1e3/float64(r.Workers*r.PacketsPerWorker), r.OwnMs*1e6/float64(r.Workers*r.Bytes))
+	fmt.Fprintf(w, "workers per allreduce: %.0f DATA packets sent (%.0f resent) in %.0f GSO messages (%.1f packets each), %.0f results received\n",
+		r.DataSent, r.Retransmits, r.GSOMessages, r.DataSent/max(r.GSOMessages, 1), r.Results)
 	fmt.Fprint(w, "machine (/proc/stat, everyone's load) per allreduce:")
 	for _, name := range statNames {
 		if v := r.MachineMs[name]; v >= 0.05 {
@@ -223,6 +234,18 @@ func (r ProfileResult) Table(w io.Writer) {
 	for _, p := range r.BPF {
 		fmt.Fprintf(w, "  %-14s %7.0f runs, %5.2f ms per allreduce, %4.0f ns per run\n", p.Name, p.RunsPerAllreduce, p.MsPerAllreduce, p.NsPerRun)
 	}
+}
+
+// workerTotals sums the counters Profile reports over the bed's workers.
+func workerTotals(bed *testbed.Bed) (t hostlib.WorkerStats) {
+	for _, w := range bed.Workers {
+		s := w.Stats()
+		t.DataSent += s.DataSent
+		t.Retransmits += s.Retransmits
+		t.GSOMessages += s.GSOMessages
+		t.ResultsReceived += s.ResultsReceived
+	}
+	return t
 }
 
 var statNames = []string{"user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"}
