@@ -4,6 +4,10 @@ GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 BIN := bin/xdpagg
 TEST_TIMEOUT ?= 40m
+# Go's SIMD experiment (simd/archsimd): hostlib's fixed-point codec runs on AVX2 with it, 1.26x
+# faster end to end at W = 4, 4 MiB (docs/benchmarks.md, Fast path); without it (or on a CPU
+# without AVX2) the scalar twin runs, with the same results. GOEXPERIMENT= make ... builds without.
+export GOEXPERIMENT ?= simd
 
 .PHONY: all deps deps-clang deps-bench generate check-generated build test demo demo-sparse bench bench-sparse lint clean
 

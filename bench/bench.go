@@ -83,8 +83,8 @@ type Options struct {
 	Progress io.Writer
 	// Window overrides the xdpagg/ps workers' window (0: hostlib's default).
 	Window int
-	// MTU of every link of the topology (0: 1500). Every mode gets the same links; the UDP modes
-	// fill packets to it (wire.ValuesForMTU).
+	// MTU of every link of the topology (0: DefaultMTU). Every mode gets the same links; the UDP
+	// modes fill packets to it (wire.ValuesForMTU).
 	MTU int
 	// LinkRates are the host-link rates to measure at, in bits/s per direction (topo.ShapeLinks
 	// on every mode's topology alike); 0 is unshaped. Default: unshaped only.
@@ -92,7 +92,19 @@ type Options struct {
 	// SwitchObject, when set, is a compiled switch object to run instead of the built-in one
 	// (loader.Config.Object): A/B runs of switch program changes.
 	SwitchObject string
+	// Host-side tuning of xdpagg's testbed, for A/B runs (docs/benchmarks.md, Fast path): the
+	// workers' WorkerConfig.BusyPoll and SocketBuffer (0: hostlib's defaults), and threaded NAPI
+	// on every veth of the testbed (topo.SetThreadedNAPI).
+	BusyPoll     time.Duration
+	SocketBuffer int
+	ThreadedNAPI bool
 }
+
+// DefaultMTU is the benchmark topology's MTU: the largest frame a veth hands XDP as one buffer,
+// 832 values a packet. Measured against 1500 (360 values) in one interleaved run, xdpagg W = 4
+// took 0.54x the time at 4 MiB and 0.56x at 40 KB (docs/benchmarks.md, Fast path); every mode
+// gets the same links.
+const DefaultMTU = 3388
 
 // DefaultBytes are the sizes: iSwitch's PPO model, ATP's microbenchmark, a large layer.
 var DefaultBytes = []int{40 << 10, 4 << 20, 64 << 20}
@@ -108,7 +120,7 @@ func (o Options) withDefaults() Options {
 		o.Workers = []int{2, 4, 8}
 	}
 	if o.MTU == 0 {
-		o.MTU = 1500
+		o.MTU = DefaultMTU
 	}
 	if o.Python == "" {
 		o.Python = "/usr/bin/python3"
@@ -547,11 +559,7 @@ func busyCPU() float64 {
 // forwarding in the switch namespace, XDP, delivery) mostly runs in softirq at the end of the
 // sending syscall and is charged to the sender; what the kernel defers runs in ksoftirqd.
 func ownCPU() float64 {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	s := float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	s := selfCPU()
 	for _, pid := range softirqThreads() {
 		s += procCPU(pid)
 	}
@@ -728,9 +736,17 @@ func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (
 		// Each worker's link carries its own window.
 		timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
 		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
-			Switch: loader.Config{PoolSize: 4096, Object: opts.SwitchObject}, AFXDP: name == ModeXdpagg && rate == 0})
+			Switch: loader.Config{PoolSize: 4096, Object: opts.SwitchObject}, AFXDP: name == ModeXdpagg && rate == 0,
+			ExtraWorker: func(_ int, cfg *hostlib.WorkerConfig) {
+				cfg.BusyPoll, cfg.SocketBuffer = opts.BusyPoll, opts.SocketBuffer
+			}})
 		if err != nil {
 			return nil, err
+		}
+		if opts.ThreadedNAPI {
+			if err := bed.Topo.SetThreadedNAPI(true); err != nil {
+				return nil, errors.Join(err, bed.Close())
+			}
 		}
 		if rate != 0 {
 			if err := bed.Topo.ShapeLinks(rate); err != nil {
@@ -1014,7 +1030,7 @@ func workerWindow(o Options) int {
 // valuesPerPacket is what the topology's MTU lets a UDP mode's packet carry.
 func valuesPerPacket(o Options) int {
 	if o.MTU == 0 {
-		return wire.StdValues
+		o.MTU = DefaultMTU
 	}
 	return wire.ValuesForMTU(o.MTU)
 }

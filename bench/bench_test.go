@@ -97,3 +97,47 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// Profile refuses what it cannot run before building anything.
+func TestProfileOptionErrors(t *testing.T) {
+	for name, o := range map[string]ProfileOptions{
+		"size":    {Bytes: 6},
+		"workers": {Workers: 33},
+		"mtu":     {MTU: 9000},
+		"count":   {Allreduces: -1},
+	} {
+		if _, err := Profile(context.Background(), o); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: Profile(%+v) = %v, want ErrConfig", name, o, err)
+		}
+	}
+}
+
+// A small profile runs end to end: every allreduce verified, the programs' run counts those of
+// the packets sent (every DATA packet through the switch; one egress run per port per result),
+// the Go profile hooks called around the timed part only. No timing is asserted.
+func TestProfileSmall(t *testing.T) {
+	var ready, done int
+	res, err := Profile(context.Background(), ProfileOptions{Workers: 2, Bytes: 40 << 10, Allreduces: 3,
+		Ready: func() { ready++ }, Done: func() { done++ }})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skipf("kernel lacks a feature (ebpf.ErrNotSupported): %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Profile: %v", err)
+	}
+	t.Logf("%+v", res)
+	if ready != 1 || done != 1 {
+		t.Errorf("Ready called %d times, Done %d; want 1 each", ready, done)
+	}
+	if want := (10240 + 831) / 832; res.PacketsPerWorker != want {
+		t.Errorf("PacketsPerWorker %d, want %d", res.PacketsPerWorker, want)
+	}
+	runs := map[string]float64{}
+	for _, p := range res.BPF {
+		runs[p.Name] = p.RunsPerAllreduce
+	}
+	// Every DATA packet runs the switch; each result goes to the 2 workers' and the PS's ports.
+	if data := float64(2 * res.PacketsPerWorker); runs["xdpagg_switch"] < data || runs["xdpagg_egress"] < 3*data/2 {
+		t.Errorf("BPF runs per allreduce %v: want at least %v switch runs and %v egress runs", runs, data, 3*data/2)
+	}
+}

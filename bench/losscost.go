@@ -21,7 +21,7 @@ type LossCostOptions struct {
 	Bytes   int     // tensor size per worker (float32), default 4 MiB
 	Pairs   int     // clean/lossy pairs, default 15
 	Loss    float64 // percent of packets dropped each way on every worker link, default 0.1
-	MTU     int     // of every link (0: 1500)
+	MTU     int     // of every link (0: DefaultMTU)
 	Window  int     // worker window (0: hostlib's default)
 	// Timeout is the workers' retransmit timeout (0: hostlib's default, as in the benchmark's
 	// xdpagg mode).
@@ -41,6 +41,9 @@ func (o LossCostOptions) withDefaults() LossCostOptions {
 	}
 	if o.Loss == 0 {
 		o.Loss = 0.1
+	}
+	if o.MTU == 0 {
+		o.MTU = DefaultMTU
 	}
 	return o
 }

@@ -61,11 +61,12 @@ const (
 	roundMagicBits = 0x4338000000000000 // math.Float64bits(roundMagic)
 )
 
-// quantizeTo writes Quantize(vals[j], scaleLog2) little-endian into out[4j:4j+4] for every j and
-// reports whether every value was ok. It is the hot path of every DATA packet: one multiply, one
-// add and a predictable range check per value; a packet with any value out of range is redone
-// value by value through Quantize, which also clamps.
-func quantizeTo(out []byte, vals []float32, scaleLog2 uint8) (ok bool) {
+// quantizeToScalar writes Quantize(vals[j], scaleLog2) little-endian into out[4j:4j+4] for every
+// j and reports whether every value was ok. It is the hot path of every DATA packet: one
+// multiply, one add and a predictable range check per value; a packet with any value out of
+// range is redone value by value through Quantize, which also clamps. quantizeTo is this, or its
+// SIMD twin (fixed_simd.go) when built with GOEXPERIMENT=simd, which must give the same bytes.
+func quantizeToScalar(out []byte, vals []float32, scaleLog2 uint8) (ok bool) {
 	m := pow2[scaleLog2]
 	out = out[:4*len(vals)]
 	var bad uint64
@@ -88,8 +89,9 @@ func quantizeTo(out []byte, vals []float32, scaleLog2 uint8) (ok bool) {
 	return ok
 }
 
-// dequantizeFrom sets dst[j] = Dequantize(int32 little-endian at in[4j:], scaleLog2).
-func dequantizeFrom(dst []float32, in []byte, scaleLog2 uint8) {
+// dequantizeFromScalar sets dst[j] = Dequantize(int32 little-endian at in[4j:], scaleLog2).
+// dequantizeFrom is this, or its SIMD twin (fixed_simd.go), bit for bit the same.
+func dequantizeFromScalar(dst []float32, in []byte, scaleLog2 uint8) {
 	if scaleLog2 > MaxScaleLog2 {
 		for j := range dst {
 			dst[j] = Dequantize(int32(binary.LittleEndian.Uint32(in[4*j:])), scaleLog2)

@@ -76,7 +76,13 @@ func TestDequantizeFromRandom(t *testing.T) {
 	}
 }
 
-func BenchmarkQuantizeTo(b *testing.B) {
+func BenchmarkQuantizeTo(b *testing.B) { benchQuantize(b, quantizeTo) }
+
+func BenchmarkDequantizeFrom(b *testing.B) { benchDequantize(b, dequantizeFrom) }
+
+// benchQuantize and benchDequantize time one 832-value packet through a codec (quantizeTo, or
+// its scalar twin in the SIMD build).
+func benchQuantize(b *testing.B, quantize func(out []byte, vals []float32, scaleLog2 uint8) bool) {
 	vals := make([]float32, 832)
 	for i := range vals {
 		vals[i] = float32(i)/832 - 0.5
@@ -84,15 +90,15 @@ func BenchmarkQuantizeTo(b *testing.B) {
 	out := make([]byte, 4*len(vals))
 	b.SetBytes(int64(len(out)))
 	for b.Loop() {
-		quantizeTo(out, vals, 24)
+		quantize(out, vals, 24)
 	}
 }
 
-func BenchmarkDequantizeFrom(b *testing.B) {
+func benchDequantize(b *testing.B, dequantize func(dst []float32, in []byte, scaleLog2 uint8)) {
 	dst := make([]float32, 832)
 	in := make([]byte, 4*len(dst))
 	b.SetBytes(int64(len(in)))
 	for b.Loop() {
-		dequantizeFrom(dst, in, 24)
+		dequantize(dst, in, 24)
 	}
 }

@@ -2,6 +2,7 @@ package hostlib
 
 import (
 	"github.com/xdpagg/xdpagg/wire"
+	"time"
 
 	"context"
 	"errors"
@@ -161,6 +162,25 @@ func (c *batchConn) setBuffers(n int) error {
 	})
 	if err != nil {
 		return fmt.Errorf("set socket buffers: %w", err)
+	}
+	return serr
+}
+
+// setBusyPoll turns on busy polling of the socket's receive queue for up to d (WorkerConfig.BusyPoll).
+func (c *batchConn) setBusyPoll(d time.Duration) error {
+	var serr error
+	err := c.rc.Control(func(fd uintptr) {
+		us := max(1, int(d/time.Microsecond))
+		if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BUSY_POLL, us); e != nil {
+			serr = fmt.Errorf("set SO_BUSY_POLL to %d µs: %w", us, e)
+			return
+		}
+		if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PREFER_BUSY_POLL, 1); e != nil {
+			serr = fmt.Errorf("set SO_PREFER_BUSY_POLL: %w", e)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("set busy polling: %w", err)
 	}
 	return serr
 }

@@ -67,6 +67,11 @@ type WorkerConfig struct {
 	// equal-size packets as UDP GSO messages (UDP_SEGMENT) and falls back to per-datagram sends
 	// for good if the kernel refuses them (see Worker.GSO).
 	NoGSO bool
+	// BusyPoll, if nonzero, sets SO_BUSY_POLL (rounded to µs) and SO_PREFER_BUSY_POLL on the
+	// worker's socket: a receive that finds no result polls the device's NAPI for up to that long
+	// instead of waiting for its softirq. Off by default: measured not to pay on a CPU-bound host
+	// (docs/benchmarks.md, Fast path).
+	BusyPoll time.Duration
 	// NoCongestionControl keeps Window fragments in flight whatever the network says. By
 	// default the worker runs ATP's AIMD on its window: it halves (at most once per window of
 	// data) on a result carrying F_ECN and grows by one fragment per window of clean results,
@@ -390,6 +395,12 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	w.srtt = int64(cfg.Timeout) / 4
 	w.st.cwndMilli.Store(uint64(cfg.Window) * 1000)
 	w.st.minCwndMilli.Store(uint64(cfg.Window) * 1000)
+	if cfg.BusyPoll > 0 {
+		if err := bc.setBusyPoll(cfg.BusyPoll); err != nil {
+			bc.close()
+			return nil, fmt.Errorf("worker %d of job %d: %w", cfg.WorkerID, cfg.JobID, err)
+		}
+	}
 	if !cfg.NoGSO {
 		bc.enableGSO()
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdpagg/xdpagg/wire"
 )
 
@@ -256,4 +258,34 @@ func validData(n int) (wire.Header, []byte) {
 		binary.LittleEndian.PutUint32(b[wire.HdrSize+4*i:], uint32(i*1000-7))
 	}
 	return h, b
+}
+
+// WorkerConfig.BusyPoll reaches the socket: SO_BUSY_POLL in µs and SO_PREFER_BUSY_POLL; without
+// it neither is set.
+func TestWorkerBusyPoll(t *testing.T) {
+	for _, bp := range []time.Duration{0, 50 * time.Microsecond} {
+		w, err := NewWorker(WorkerConfig{JobID: 1, NumWorkers: 1, Local: netip.MustParseAddrPort("127.0.0.1:0"),
+			PS: netip.MustParseAddrPort("127.0.0.1:9510"), BusyPoll: bp})
+		if err != nil {
+			t.Fatalf("NewWorker(BusyPoll %v): %v", bp, err)
+		}
+		var us, prefer int
+		var gerr error
+		if err := w.bc.rc.Control(func(fd uintptr) {
+			us, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BUSY_POLL)
+			if gerr == nil {
+				prefer, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PREFER_BUSY_POLL)
+			}
+		}); err != nil || gerr != nil {
+			t.Fatalf("getsockopt: %v %v", err, gerr)
+		}
+		w.Close()
+		wantPrefer := 0
+		if bp > 0 {
+			wantPrefer = 1
+		}
+		if us != int(bp/time.Microsecond) || prefer != wantPrefer {
+			t.Errorf("BusyPoll %v: SO_BUSY_POLL %d µs, SO_PREFER_BUSY_POLL %d; want %d, %d", bp, us, prefer, bp/time.Microsecond, wantPrefer)
+		}
+	}
 }

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/xdpagg/xdpagg/bench"
 	"github.com/xdpagg/xdpagg/bench/capacity"
@@ -31,23 +34,28 @@ type benchOutput struct {
 func runBench(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (
-		modes   = fs.String("modes", strings.Join(bench.AllModes, ","), "modes to compare: xdpagg,ps,ring,gloo; also xdpagg-udp (xdpagg with the workers receiving on their UDP sockets instead of AF_XDP, for A/B runs)")
-		sizes   = fs.String("sizes", "40KB,4MiB,64MiB", "tensor sizes (float32 bytes per worker): NNN, NNNKB, NNNMiB")
-		workers = fs.String("workers", "2,4,8", "worker counts")
-		rounds  = fs.Int("rounds", 0, "interleaved rounds per cell (0: 9, or 5 for sizes >= 16MiB)")
-		window  = fs.Int("window", 0, "fragments in flight per worker for xdpagg/ps (0: hostlib default)")
-		python  = fs.String("python", "/usr/bin/python3", "Python with torch for the gloo mode")
-		out     = fs.String("out", "bench-out", "directory for bench.json and bench.png")
-		asJSON  = fs.Bool("json", false, "print the JSON report instead of the table")
-		capOnly = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames, against its payload-copy ceiling and bare XDP_TX) instead of the modes")
-		capToo  = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
-		lossOne = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
-		pairs   = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
-		quiet   = fs.Bool("quiet", false, "no progress line")
-		mtu     = fs.Int("mtu", 0, "MTU of the topology's links (0: 1500; up to 3388, where a packet holds 832 values)")
-		rates   = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
-		swObj   = fs.String("switch-object", "", "run this compiled switch object (bpf/xdpagg_bpfel.o of another revision) instead of the built-in one, in the xdpagg mode and --switch-capacity: A/B runs of switch program changes")
-		cpuProf = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
+		modes    = fs.String("modes", strings.Join(bench.AllModes, ","), "modes to compare: xdpagg,ps,ring,gloo; also xdpagg-udp (xdpagg with the workers receiving on their UDP sockets instead of AF_XDP, for A/B runs)")
+		sizes    = fs.String("sizes", "40KB,4MiB,64MiB", "tensor sizes (float32 bytes per worker): NNN, NNNKB, NNNMiB")
+		workers  = fs.String("workers", "2,4,8", "worker counts")
+		rounds   = fs.Int("rounds", 0, "interleaved rounds per cell (0: 9, or 5 for sizes >= 16MiB)")
+		window   = fs.Int("window", 0, "fragments in flight per worker for xdpagg/ps (0: hostlib default)")
+		python   = fs.String("python", "/usr/bin/python3", "Python with torch for the gloo mode")
+		out      = fs.String("out", "bench-out", "directory for bench.json and bench.png")
+		asJSON   = fs.Bool("json", false, "print the JSON report instead of the table")
+		capOnly  = fs.Bool("switch-capacity", false, "measure the switch program's capacity (live frames, against its payload-copy ceiling and bare XDP_TX) instead of the modes")
+		capToo   = fs.Bool("with-capacity", false, "also measure switch capacity after the modes")
+		lossOne  = fs.Bool("loss-cost", false, "measure only the time cost of 0.1% loss to xdpagg (paired clean/lossy allreduces) instead of the modes")
+		pairs    = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
+		quiet    = fs.Bool("quiet", false, "no progress line")
+		mtu      = fs.Int("mtu", bench.DefaultMTU, "MTU of the topology's links (576..3388; at 3388 a packet holds 832 values, at 1500 360)")
+		rates    = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
+		busyPoll = fs.Duration("busy-poll", 0, "xdpagg's workers: SO_BUSY_POLL for this long (e.g. 50us) and SO_PREFER_BUSY_POLL on their sockets (0: off, the default)")
+		sockBuf  = fs.Int("socket-buffer", 0, "xdpagg's workers: SO_RCVBUF/SO_SNDBUF in bytes (0: hostlib's default, 8 MiB)")
+		threaded = fs.Bool("threaded-napi", false, "xdpagg's testbed: threaded NAPI on every veth (switch ports and hosts)")
+		profN    = fs.Int("profile", 0, "instead of the modes: N allreduces (then N more with BPF statistics on) on one xdpagg testbed, the first --workers and --sizes; prints where the CPU goes. --cpuprofile and --perf-record then cover only the timed N")
+		perfOut  = fs.String("perf-record", "", "--profile: run `perf record -a -g` over the timed allreduces into `file`")
+		swObj    = fs.String("switch-object", "", "run this compiled switch object (bpf/xdpagg_bpfel.o of another revision) instead of the built-in one, in the xdpagg mode and --switch-capacity: A/B runs of switch program changes")
+		cpuProf  = fs.String("cpuprofile", "", "write a Go CPU profile of the run (this process: workers, PS, ring) to `file`")
 
 		sparseMode = fs.Bool("sparse", false, "run the sparse benchmark instead (Zebra Figs. 6, 9, 10 on a recorded trace; --workers applies)")
 		sparseIter = fs.Int("sparse-iterations", 60, "--sparse: iterations of the trace per round")
@@ -59,7 +67,8 @@ func runBench(args []string, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("%w: the benchmark needs root (network namespaces, XDP)", errUsage)
 	}
-	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window, MTU: *mtu, SwitchObject: *swObj}
+	opts := bench.Options{Rounds: *rounds, Python: *python, Window: *window, MTU: *mtu, SwitchObject: *swObj,
+		BusyPoll: *busyPoll, SocketBuffer: *sockBuf, ThreadedNAPI: *threaded}
 	if !*quiet {
 		opts.Progress = os.Stderr
 	}
@@ -84,6 +93,9 @@ func runBench(args []string, stdout io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if *profN > 0 {
+		return runProfile(ctx, opts, *profN, *cpuProf, *perfOut, stdout)
+	}
 	if *cpuProf != "" {
 		f, err := os.Create(*cpuProf)
 		if err != nil {
@@ -216,4 +228,53 @@ func parseSizes(s string) ([]int, error) {
 		out = append(out, n*mult)
 	}
 	return out, nil
+}
+
+// runProfile is `xdpagg bench --profile N`: bench.Profile with the Go CPU profile and perf
+// confined to the timed allreduces.
+func runProfile(ctx context.Context, opts bench.Options, n int, cpuProf, perfOut string, stdout io.Writer) error {
+	po := bench.ProfileOptions{Workers: opts.Workers[0], Bytes: opts.Bytes[0], MTU: opts.MTU, Allreduces: n,
+		BusyPoll: opts.BusyPoll, SocketBuffer: opts.SocketBuffer, ThreadedNAPI: opts.ThreadedNAPI}
+	var startErr error
+	var perf *exec.Cmd
+	var prof *os.File
+	po.Ready = func() {
+		if perfOut != "" {
+			perf = exec.Command("perf", "record", "-a", "-g", "-o", perfOut)
+			perf.Stdout, perf.Stderr = os.Stderr, os.Stderr
+			if err := perf.Start(); err != nil {
+				startErr = fmt.Errorf("perf record: %w", err)
+				perf = nil
+			} else {
+				time.Sleep(time.Second) // perf needs a moment before it samples
+			}
+		}
+		if cpuProf != "" {
+			f, err := os.Create(cpuProf)
+			if err == nil {
+				err = pprof.StartCPUProfile(f)
+			}
+			if err != nil {
+				startErr = errors.Join(startErr, fmt.Errorf("cpu profile: %w", err))
+				return
+			}
+			prof = f
+		}
+	}
+	po.Done = func() {
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof.Close()
+		}
+		if perf != nil {
+			_ = perf.Process.Signal(os.Interrupt)
+			_ = perf.Wait()
+		}
+	}
+	res, err := bench.Profile(ctx, po)
+	if err != nil {
+		return err
+	}
+	res.Table(stdout)
+	return startErr
 }

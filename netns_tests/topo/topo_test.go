@@ -511,3 +511,49 @@ func TestDo(t *testing.T) {
 		t.Error("switch and host share a namespace")
 	}
 }
+
+// SetThreadedNAPI switches every veth with NAPI (the switch's ports and the hosts' interfaces,
+// GRO on as the XDP testbed sets them) to threaded NAPI and back, read back from each namespace's
+// own sysfs.
+func TestSetThreadedNAPI(t *testing.T) {
+	topo := newTopo(t, Config{Workers: 2, PS: true})
+	read := func() map[string]string {
+		got := map[string]string{}
+		byNS := map[string][]string{topo.SwitchNS: nil}
+		for _, h := range topo.Hosts() {
+			byNS[topo.SwitchNS] = append(byNS[topo.SwitchNS], h.Port)
+			byNS[h.NSName] = append(byNS[h.NSName], h.Ifname)
+		}
+		for ns, devs := range byNS {
+			err := inNetSysfs(topo.nsHandles[ns], func(sys string) error {
+				for _, d := range devs {
+					b, err := os.ReadFile(sys + "/class/net/" + d + "/threaded")
+					if err != nil {
+						return err
+					}
+					got[ns+"/"+d] = strings.TrimSpace(string(b))
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("read threaded in %s: %v", ns, err)
+			}
+		}
+		return got
+	}
+	for _, on := range []bool{true, false} {
+		if err := topo.SetThreadedNAPI(on); err != nil {
+			t.Fatalf("SetThreadedNAPI(%v): %v", on, err)
+		}
+		want := map[bool]string{true: "1", false: "0"}[on]
+		got := read()
+		if len(got) != 2*len(topo.Hosts()) {
+			t.Fatalf("read %d devices, want %d", len(got), 2*len(topo.Hosts()))
+		}
+		for dev, v := range got {
+			if v != want {
+				t.Errorf("SetThreadedNAPI(%v): %s threaded = %q", on, dev, v)
+			}
+		}
+	}
+}
