@@ -214,15 +214,8 @@ func (t *Topology) attachImpair(h *Host, dir Direction, nlh *netlink.Handle, imp
 	// The filter holds its own reference to the program.
 	defer prog.Close()
 
-	clsact := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: h.Ifindex,
-		Parent:    netlink.HANDLE_CLSACT,
-		Handle:    netlink.MakeHandle(0xffff, 0),
-	}}
-	// An existing clsact (ours from an earlier Impair, or anyone's) is shared, not replaced: a
-	// replace would drop its other filters.
-	if err := nlh.QdiscAdd(clsact); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("host %s: add clsact qdisc to %s: %w", h.Name, h.Ifname, err)
+	if err := addClsact(nlh, h.Ifindex); err != nil {
+		return fmt.Errorf("host %s: %s: %w", h.Name, h.Ifname, err)
 	}
 	filter := impairFilter(h.Ifindex, dir)
 	filter.Fd = prog.FD()
@@ -332,13 +325,8 @@ func (t *Topology) setUpLine(h *Host, dir Direction, nlh *netlink.Handle, entry 
 		return fmt.Errorf("host %s %s: load delay line program: %w", h.Name, dir, err)
 	}
 	defer prog.Close()
-	clsact := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: exit.Attrs().Index,
-		Parent:    netlink.HANDLE_CLSACT,
-		Handle:    netlink.MakeHandle(0xffff, 0),
-	}}
-	if err := nlh.QdiscAdd(clsact); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("host %s: add clsact qdisc to delay line %s: %w", h.Name, names[1], err)
+	if err := addClsact(nlh, exit.Attrs().Index); err != nil {
+		return fmt.Errorf("host %s: delay line %s: %w", h.Name, names[1], err)
 	}
 	filter := impairFilter(exit.Attrs().Index, FromSwitch) // its ingress
 	filter.Fd = prog.FD()
@@ -346,6 +334,20 @@ func (t *Topology) setUpLine(h *Host, dir Direction, nlh *netlink.Handle, entry 
 	filter.DirectAction = true
 	if err := nlh.FilterReplace(filter); err != nil {
 		return fmt.Errorf("host %s: attach delay line filter to %s: %w", h.Name, names[1], err)
+	}
+	return nil
+}
+
+// addClsact adds a clsact qdisc to ifindex. An existing one (ours from an earlier Impair or
+// ShapeLinks, or anyone's) is shared, not replaced: a replace would drop its other filters.
+func addClsact(nlh *netlink.Handle, ifindex int) error {
+	clsact := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: ifindex,
+		Parent:    netlink.HANDLE_CLSACT,
+		Handle:    netlink.MakeHandle(0xffff, 0),
+	}}
+	if err := nlh.QdiscAdd(clsact); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add clsact qdisc: %w", err)
 	}
 	return nil
 }

@@ -74,21 +74,12 @@ func (t *Topology) ShapeLinks(rate uint64) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, h := range t.hostsLocked() {
+	for _, h := range t.Hosts() { // Hosts reads only fields New set: no t.mu
 		if err := t.shapeHost(h, rate); err != nil {
 			return fmt.Errorf("shape host %s's link: %w", h.Name, err)
 		}
 	}
 	return nil
-}
-
-// hostsLocked is Hosts without taking t.mu (it reads only fields New set).
-func (t *Topology) hostsLocked() []*Host {
-	out := append([]*Host(nil), t.Workers...)
-	if t.PS != nil {
-		out = append(out, t.PS)
-	}
-	return out
 }
 
 func (t *Topology) shapeHost(h *Host, rate uint64) error {
@@ -125,14 +116,9 @@ func (t *Topology) shapeHost(h *Host, rate uint64) error {
 	if err := addShaper(nlh, ifb.Attrs().Index, rate); err != nil {
 		return fmt.Errorf("%s: %w", ShapeIfb, err)
 	}
-	clsact := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: h.Ifindex,
-		Parent:    netlink.HANDLE_CLSACT,
-		Handle:    netlink.MakeHandle(0xffff, 0),
-	}}
 	// Shared with Impair's filters: an existing clsact stays.
-	if err := nlh.QdiscAdd(clsact); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("add clsact qdisc to %s: %w", h.Ifname, err)
+	if err := addClsact(nlh, h.Ifindex); err != nil {
+		return fmt.Errorf("%s: %w", h.Ifname, err)
 	}
 	redirect := netlink.NewMirredAction(ifb.Attrs().Index) // egress redirect, stolen
 	filter := &netlink.U32{
