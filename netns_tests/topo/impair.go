@@ -385,16 +385,8 @@ func addLane(ifindex int, minor uint16, rate uint64) error {
 // deleteLine removes the delay line of h's direction dir, if there is one.
 func deleteLine(h *Host, dir Direction, nlh *netlink.Handle) error {
 	name := lineNames[dir][0]
-	l, err := nlh.LinkByName(name)
-	var nf netlink.LinkNotFoundError
-	if errors.As(err, &nf) {
-		return nil
-	}
-	if err == nil {
-		err = nlh.LinkDel(l) // and its peer
-	}
-	if err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("host %s: delete %s delay line %s: %w", h.Name, dir, name, err)
+	if err := deleteLink(nlh, name); err != nil { // and its peer
+		return fmt.Errorf("host %s: %s delay line %s: %w", h.Name, dir, name, err)
 	}
 	return nil
 }

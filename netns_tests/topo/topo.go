@@ -201,42 +201,17 @@ func (t *Topology) Close() error {
 	t.xdpLinks = nil
 	// Delete the veths explicitly: a namespace lives on while anything (e.g. a test's socket)
 	// holds it, and its veths with it.
-	for _, p := range t.ports {
-		if h := t.nlHandles[p.ns]; h != nil {
-			name := p.name
-			l, err := h.LinkByName(name)
-			if err != nil {
-				var nf netlink.LinkNotFoundError
-				if !errors.As(err, &nf) {
-					errs = append(errs, fmt.Errorf("find port %s: %w", name, err))
-				}
-				continue
-			}
-			if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-				errs = append(errs, fmt.Errorf("delete port %s: %w", name, err))
-			}
-		}
-	}
-	t.ports = nil
+	links := t.ports
 	// The ifbs too: like the veths, they would live on in a namespace something still holds.
 	for _, ns := range t.shaped {
-		h := t.nlHandles[ns]
-		if h == nil {
-			continue
-		}
-		l, err := h.LinkByName(ShapeIfb)
-		if err != nil {
-			var nf netlink.LinkNotFoundError
-			if !errors.As(err, &nf) {
-				errs = append(errs, fmt.Errorf("find %s in %s: %w", ShapeIfb, ns, err))
-			}
-			continue
-		}
-		if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-			errs = append(errs, fmt.Errorf("delete %s in %s: %w", ShapeIfb, ns, err))
+		links = append(links, nsLink{ns, ShapeIfb})
+	}
+	for _, p := range links {
+		if err := deleteLink(t.nlHandles[p.ns], p.name); err != nil {
+			errs = append(errs, fmt.Errorf("%s in %s: %w", p.name, p.ns, err))
 		}
 	}
-	t.shaped = nil
+	t.ports, t.shaped = nil, nil
 	for name, h := range t.nlHandles {
 		h.Close()
 		delete(t.nlHandles, name)
@@ -332,6 +307,25 @@ func (t *Topology) build(cfg Config) error {
 	}
 	if cfg.Standby || cfg.Mgmt {
 		return t.buildMgmt()
+	}
+	return nil
+}
+
+// deleteLink deletes the link name through h, if h is open and the link still exists.
+func deleteLink(h *netlink.Handle, name string) error {
+	if h == nil {
+		return nil
+	}
+	l, err := h.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil
+	}
+	if err == nil {
+		err = h.LinkDel(l)
+	}
+	if err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete: %w", err)
 	}
 	return nil
 }
