@@ -615,21 +615,13 @@ func kernelCPU() float64 {
 
 // cpuStat sums the fields of /proc/stat's "cpu" line whose index (0: user) include says.
 func cpuStat(include func(i int) bool) float64 {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
 	var sum float64
-	for i, v := range f[1:] {
-		if !include(i) {
-			continue
+	for i, x := range statFields() {
+		if include(i) {
+			sum += x
 		}
-		x, _ := strconv.ParseFloat(v, 64)
-		sum += x
 	}
-	return sum / 100 // USER_HZ
+	return sum
 }
 
 func machine() string {
@@ -733,25 +725,9 @@ const LinkShaping = "every host link (workers and, where there is one, the PS), 
 func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (mode, error) {
 	switch name {
 	case ModeXdpagg, ModeXdpaggUDP:
-		// Each worker's link carries its own window.
-		timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
-		bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
-			Switch: loader.Config{PoolSize: 4096, Object: opts.SwitchObject}, AFXDP: name == ModeXdpagg && rate == 0,
-			ExtraWorker: func(_ int, cfg *hostlib.WorkerConfig) {
-				cfg.BusyPoll, cfg.SocketBuffer = opts.BusyPoll, opts.SocketBuffer
-			}})
+		bed, err := xdpaggBed(opts, w, rate, name == ModeXdpagg && rate == 0)
 		if err != nil {
 			return nil, err
-		}
-		if opts.ThreadedNAPI {
-			if err := bed.Topo.SetThreadedNAPI(true); err != nil {
-				return nil, errors.Join(err, bed.Close())
-			}
-		}
-		if rate != 0 {
-			if err := bed.Topo.ShapeLinks(rate); err != nil {
-				return nil, errors.Join(err, bed.Close())
-			}
 		}
 		return &xdpaggMode{bed: bed}, nil
 	case ModePS:
@@ -762,6 +738,33 @@ func setUp(ctx context.Context, name string, opts Options, w int, rate uint64) (
 		return newGlooMode(ctx, opts, w, rate)
 	}
 	return nil, fmt.Errorf("%w: mode %q", ErrConfig, name)
+}
+
+// xdpaggBed is xdpagg's environment (ModeXdpagg's, and Profile's): the testbed with opts'
+// switch object and host-side tuning, every host link shaped to rate bits/s (0: unshaped), the
+// workers receiving through AF_XDP if afxdp.
+func xdpaggBed(opts Options, w int, rate uint64, afxdp bool) (*testbed.Bed, error) {
+	// Each worker's link carries its own window.
+	timeout := retransmitTimeout(rate, workerWindow(opts), opts.MTU)
+	bed, err := testbed.New(testbed.Options{Workers: w, Window: opts.Window, MTU: opts.MTU, Timeout: timeout,
+		Switch: loader.Config{PoolSize: 4096, Object: opts.SwitchObject}, AFXDP: afxdp,
+		ExtraWorker: func(_ int, cfg *hostlib.WorkerConfig) {
+			cfg.BusyPoll, cfg.SocketBuffer = opts.BusyPoll, opts.SocketBuffer
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if opts.ThreadedNAPI {
+		if err := bed.Topo.SetThreadedNAPI(true); err != nil {
+			return nil, errors.Join(err, bed.Close())
+		}
+	}
+	if rate != 0 {
+		if err := bed.Topo.ShapeLinks(rate); err != nil {
+			return nil, errors.Join(err, bed.Close())
+		}
+	}
+	return bed, nil
 }
 
 // plainTopology is the baselines' environment: kernel forwarding, no XDP, default offloads;

@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/hostlib"
-	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/netns_tests/testbed"
 	"github.com/xdpagg/xdpagg/wire"
 )
@@ -92,19 +91,13 @@ func Profile(ctx context.Context, opts ProfileOptions) (res ProfileResult, err e
 	case opts.Allreduces < 0:
 		return res, fmt.Errorf("%w: profile: %d allreduces", ErrConfig, opts.Allreduces)
 	}
-	bed, err := testbed.New(testbed.Options{Workers: opts.Workers, MTU: opts.MTU, Switch: loader.Config{PoolSize: 4096},
-		ExtraWorker: func(_ int, cfg *hostlib.WorkerConfig) {
-			cfg.BusyPoll, cfg.SocketBuffer = opts.BusyPoll, opts.SocketBuffer
-		}})
+	// Unshaped, the workers on their UDP sockets.
+	bed, err := xdpaggBed(Options{MTU: opts.MTU, BusyPoll: opts.BusyPoll, SocketBuffer: opts.SocketBuffer,
+		ThreadedNAPI: opts.ThreadedNAPI}, opts.Workers, 0, false)
 	if err != nil {
 		return res, err
 	}
 	defer func() { err = errors.Join(err, bed.Close()) }()
-	if opts.ThreadedNAPI {
-		if err := bed.Topo.SetThreadedNAPI(true); err != nil {
-			return res, err
-		}
-	}
 	n := opts.Bytes / 4
 	pristine, ref := makeInputs(opts.Workers, n, uint64(opts.Workers)<<32|uint64(n))
 	work := make([][]float32, opts.Workers)
