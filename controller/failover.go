@@ -190,6 +190,15 @@ func (c *Controller) group(name string) (GroupConfig, bool) {
 	return c.cfg.Groups[i], true
 }
 
+// statusOf is the status of the switch name among statuses (zero if it is not there).
+func statusOf(statuses []Status, name string) Status {
+	i := slices.IndexFunc(statuses, func(s Status) bool { return s.Name == name })
+	if i < 0 {
+		return Status{}
+	}
+	return statuses[i]
+}
+
 // other is the switch of g that is not name.
 func other(g GroupConfig, name string) string {
 	if name == g.Primary.Name {
@@ -258,16 +267,7 @@ func (c *Controller) step(ctx context.Context, now time.Time) {
 		gs := c.st.Groups[g.Name]
 		active, armed, retry, pending := gs.Active, gs.Armed, c.retryAt[g.Name], gs.Pending
 		c.mu.Unlock()
-		target := other(g, active)
-		var as, ts Status
-		for _, s := range statuses {
-			switch s.Name {
-			case active:
-				as = s
-			case target:
-				ts = s
-			}
-		}
+		as, ts := statusOf(statuses, active), statusOf(statuses, other(g, active))
 		why := c.observe(as)
 		switch {
 		case pending != "" && !now.Before(retry) && ts.State == StateHealthy:
@@ -356,7 +356,7 @@ func (c *Controller) admitAll(ctx context.Context, statuses []Status) {
 			done := js.Admitted[name]
 			job := c.job(j, js)
 			c.mu.Unlock()
-			if done || !slices.ContainsFunc(statuses, func(s Status) bool { return s.Name == name && s.State == StateHealthy }) {
+			if done || statusOf(statuses, name).State != StateHealthy {
 				continue
 			}
 			err := c.callFor(ctx, c.opt.ReplicaEvery, func(ctx context.Context) error { return c.sw[name].Admit(ctx, job) })
@@ -416,15 +416,9 @@ func (c *Controller) replicate(ctx context.Context, g GroupConfig, active string
 // answers).
 func (c *Controller) mirror(ctx context.Context, g GroupConfig, active string, snap *mgmt.Snapshot) {
 	standby := other(g, active)
-	ok := !snap.Draining
-	for _, s := range c.mon.Status() {
-		switch s.Name {
-		case active:
-			ok = ok && s.State == StateHealthy && s.Misses == 0
-		case standby:
-			ok = ok && s.State == StateHealthy
-		}
-	}
+	statuses := c.mon.Status()
+	as, ss := statusOf(statuses, active), statusOf(statuses, standby)
+	ok := !snap.Draining && as.State == StateHealthy && as.Misses == 0 && ss.State == StateHealthy
 	c.mu.Lock()
 	hot := c.hot[g.Name] == standby
 	var jobs, gone []uint32

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/xdpagg/xdpagg/mgmt"
@@ -132,7 +131,7 @@ func (c *Controller) handle(ctx context.Context, r Request) Reply {
 		target := other(g, c.st.Groups[g.Name].Active)
 		c.mu.Unlock()
 		// Draining the active switch moves the hosts: only when the other one can take them.
-		if st := c.mon.Status(); !slices.ContainsFunc(st, func(s Status) bool { return s.Name == target && s.State == StateHealthy }) {
+		if statusOf(c.mon.Status(), target).State != StateHealthy {
 			return Reply{Error: fmt.Sprintf("%s is not healthy: the group stays where it is", target)}
 		}
 		f := c.failover(ctx, g, ReasonOperator, "requested by the operator")
