@@ -104,7 +104,7 @@ func NewAsync(w *Worker, cfg AsyncConfig) (*Async, error) {
 	}
 	w.mu.Lock()
 	if w.early == nil {
-		w.early = map[uint32][]byte{}
+		w.early = map[uint32]earlyResult{}
 		w.earlyKick = make(chan struct{}, 1)
 	}
 	w.mu.Unlock()
@@ -265,10 +265,17 @@ func (a *Async) account(u *AsyncUpdate, grad []float32, ver uint64) {
 // earlyMax bounds the results a worker keeps for fragments it has not sent yet.
 const earlyMax = 1 << 12
 
-// keepEarly keeps result b (header h) of a fragment this worker has not sent yet, if it is ahead
-// of what the worker has done and there is room: asynchronous rounds complete without slow
+// earlyResult is a result kept for a fragment not sent yet: its header, as parsed on arrival, and
+// a copy of its values (wire bytes), so that takeEarly applies it without parsing it again.
+type earlyResult struct {
+	h    wire.Header
+	vals []byte
+}
+
+// keepEarly keeps result h (values vals) of a fragment this worker has not sent yet, if it is
+// ahead of what the worker has done and there is room: asynchronous rounds complete without slow
 // workers, who take the results when they get to them (takeEarly). Called with mu held.
-func (w *Worker) keepEarly(h *wire.Header, b []byte) bool {
+func (w *Worker) keepEarly(h *wire.Header, vals []byte) bool {
 	low := w.earlyLow
 	if w.op.active {
 		low = w.op.seqBase + uint64(w.op.next)
@@ -280,7 +287,7 @@ func (w *Worker) keepEarly(h *wire.Header, b []byte) bool {
 	if _, dup := w.early[h.Seq]; dup {
 		return false
 	}
-	w.early[h.Seq] = bytes.Clone(b)
+	w.early[h.Seq] = earlyResult{h: *h, vals: bytes.Clone(vals)}
 	w.st.early.Add(1)
 	signal(w.earlyKick)
 	return true
@@ -290,22 +297,17 @@ func (w *Worker) keepEarly(h *wire.Header, b []byte) bool {
 // result kept for it, if any, instead of sending it: true if it did. Called with mu held.
 func (w *Worker) takeEarly(op *operation, now int64) bool {
 	seq := uint32(op.seqBase + uint64(op.next))
-	b, ok := w.early[seq]
+	e, ok := w.early[seq]
 	if !ok {
 		return false
 	}
 	delete(w.early, seq)
 	w.st.early.Add(^uint64(0)) // it counts where applyResult says from now on
-	h, vals, err := wire.ParsePacket(b)
-	if err != nil {
-		w.st.malformed.Add(1) // cannot happen: it parsed when kept
-		return false
-	}
 	off := op.next
 	f := &op.ring[off%len(op.ring)]
 	f.sentAt, f.deadline = now, now+int64(w.cfg.Timeout)
 	op.next++
-	w.applyResult(int64(off), &h, vals)
+	w.applyResult(int64(off), &e.h, e.vals)
 	if f.state == fragFixed {
 		op.next-- // not this fragment's result after all (counted malformed): send it
 		return false

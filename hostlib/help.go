@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/ctlauth"
 	"github.com/xdpagg/xdpagg/wire"
 )
@@ -67,10 +68,10 @@ func (w *Worker) handleHelp(b []byte, h *wire.Header, from *unix.RawSockaddrInet
 		ph.Type, ph.Count, ph.WorkerId = wire.MsgHelp, uint16(n), w.cfg.WorkerID
 		ph.Flags &^= wire.FlagShadow | wire.FlagCached
 		msg := wire.AppendHeader(w.helpBuf[:0], &ph)
-		// struct help_body: total, offset, reserved.
-		msg = binary.LittleEndian.AppendUint16(msg, uint16(total))
-		msg = binary.LittleEndian.AppendUint16(msg, uint16(off))
-		msg = binary.LittleEndian.AppendUint32(msg, 0)
+		msg, err := binary.Append(msg, binary.LittleEndian, &bpf.XdpaggHelpBody{Total: uint16(total), Offset: uint16(off)})
+		if err != nil {
+			return // unreachable: a fixed-size struct
+		}
 		msg = append(msg, e.vals[4*off:4*(off+n)]...)
 		out, err := ctlauth.Seal(w.cfg.JobKey, msg, w.stamper.Next())
 		if err != nil {

@@ -88,7 +88,11 @@ func (w *Worker) SetThreshold(ctx context.Context, sw netip.AddrPort, h uint8) e
 	if h < 1 || h > w.cfg.NumWorkers {
 		return fmt.Errorf("%w: threshold %d: use 1..%d (NumWorkers)", ErrConfig, h, w.cfg.NumWorkers)
 	}
-	return w.controlWith(ctx, wire.MsgSetH, sw, nil, ctlExtra{body: binary.LittleEndian.AppendUint32(nil, uint32(h))})
+	body, err := binary.Append(nil, binary.LittleEndian, &bpf.XdpaggSethBody{Threshold: uint32(h)})
+	if err != nil {
+		return fmt.Errorf("encode SETH body: %w", err)
+	}
+	return w.controlWith(ctx, wire.MsgSetH, sw, nil, ctlExtra{body: body})
 }
 
 // FBcast asks the switch's agent to force the partial aggregate of fragment seq (the job's

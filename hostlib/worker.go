@@ -281,7 +281,7 @@ type Worker struct {
 	// early holds results of fragments this worker has not sent yet (asynchronous aggregation:
 	// a round completed at the threshold H without it), by seq, from earlyLow on; nil unless an
 	// Async runs the worker. Guarded by mu. earlyKick tells the Async that one arrived.
-	early     map[uint32][]byte
+	early     map[uint32]earlyResult
 	earlyLow  uint64
 	earlyKick chan struct{}
 
@@ -901,7 +901,7 @@ func (w *Worker) handleResult(from *unix.RawSockaddrInet4, b []byte, err error) 
 	op := &w.op
 	off := int64(h.Seq - uint32(op.seqBase)) // serial arithmetic: the op's fragments are 0..nfrags-1
 	if !op.active || off < int64(op.low) || off >= int64(op.next) {
-		if w.early != nil && w.keepEarly(&h, b) {
+		if w.early != nil && w.keepEarly(&h, vals) {
 			return
 		}
 		w.st.duplicates.Add(1)

@@ -189,6 +189,9 @@ func reduceExact(ctx context.Context, t *testing.T, j *runningJob, rounds, n int
 		}
 		for range j.workers {
 			if err := <-errs; err != nil {
+				for i, w := range j.workers {
+					t.Logf("job %d worker %d: %+v", j.id, i, w.Stats())
+				}
 				t.Fatalf("job %d round %d: %v", j.id, r, err)
 			}
 		}

@@ -76,30 +76,15 @@ func TestHelpRecoversFromMembers(t *testing.T) {
 	env := newAgentEnv(t, w+1, 1024, "--no-retransmit-cache")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	workers := env.startJobs(ctx, t, jobSpec{id: 13, hosts: env.tp.Workers[:w]})[0].workers
+	job := env.startJobs(ctx, t, jobSpec{id: 13, hosts: env.tp.Workers[:w]})[0]
+	workers := job.workers
 	forged := forgeHelpAnswers(ctx, t, env, env.tp.Workers[w], 13, env.admit(t, 99, 1), mod, rem, rounds*frags)
 	if err := env.tp.Workers[0].XDPLink.Update(dropResultsXDP(t, mod, rem)); err != nil {
 		t.Fatalf("swap worker 0's XDP program: %v", err)
 	}
 	before := env.counters(t)
 	start := time.Now()
-	for round := range rounds {
-		n := frags*K - 3 // the last fragment short: its parts are not all full
-		in, ref := inputs(w, n, uint64(130+round), uniform)
-		errs := make(chan error, w)
-		for i, wk := range workers {
-			go func() { errs <- wk.AllReduce(ctx, in[i]) }()
-		}
-		for range workers {
-			if err := <-errs; err != nil {
-				for i, wk := range workers {
-					t.Logf("worker %d: %+v", i, wk.Stats())
-				}
-				t.Fatalf("round %d: %v\n%s", round, err, env.sw.stderr.String())
-			}
-		}
-		checkFixed(t, in, ref, 24)
-	}
+	reduceExact(ctx, t, job, rounds, frags*K-3, 130) // the last fragment short: its parts are not all full
 	elapsed := time.Since(start)
 	lost := 0
 	for seq := 0; seq < rounds*frags; seq++ {

@@ -73,6 +73,9 @@ struct result_frame {
 	struct hdr h;
 } __attribute__((packed));
 
+/* Keep enum host_counter in BTF, so bpf2go -type exports it to Go (host.Counter*). */
+const volatile enum host_counter unused_host_counter;
+
 SEC("xdp")
 int xdpagg_host(struct xdp_md *ctx)
 {

@@ -13,11 +13,11 @@ type Config struct {
 	JobID uint32         // the worker's job (!= 0)
 }
 
-// Counter ids of the host_counters map (enum host_counter in host.c).
+// Counter ids of the host_counters map, re-exported from enum host_counter in host.c.
 const (
-	CounterXSK  = 0 // results handed to the AF_XDP socket map
-	CounterPass = 1 // frames passed to the kernel
-	numCounters = 2
+	CounterXSK  = int(HostHostCounterHOST_CNT_XSK)  // results handed to the AF_XDP socket map
+	CounterPass = int(HostHostCounterHOST_CNT_PASS) // frames passed to the kernel
+	numCounters = int(HostHostCounterHOST_CNT_MAX)
 )
 
 // ErrConfig is returned for a Config xdpagg_host cannot serve.

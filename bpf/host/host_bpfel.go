@@ -12,16 +12,25 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type HostHostCounter uint32
+
+const (
+	HostHostCounterHOST_CNT_XSK  HostHostCounter = 0
+	HostHostCounterHOST_CNT_PASS HostHostCounter = 1
+	HostHostCounterHOST_CNT_MAX  HostHostCounter = 2
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	HostMapHostCounters = "host_counters"
-	HostMapXsks         = "xsks"
-	HostProgXdpaggHost  = "xdpagg_host"
-	HostVarJobId        = "job_id"
-	HostVarWorkerIp     = "worker_ip"
-	HostVarWorkerPort   = "worker_port"
+	HostMapHostCounters      = "host_counters"
+	HostMapXsks              = "xsks"
+	HostProgXdpaggHost       = "xdpagg_host"
+	HostVarJobId             = "job_id"
+	HostVarUnusedHostCounter = "unused_host_counter"
+	HostVarWorkerIp          = "worker_ip"
+	HostVarWorkerPort        = "worker_port"
 )
 
 // LoadHost returns the embedded CollectionSpec for Host.
@@ -81,9 +90,10 @@ type HostMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type HostVariableSpecs struct {
-	JobId      *ebpf.VariableSpec `ebpf:"job_id"`
-	WorkerIp   *ebpf.VariableSpec `ebpf:"worker_ip"`
-	WorkerPort *ebpf.VariableSpec `ebpf:"worker_port"`
+	JobId             *ebpf.VariableSpec `ebpf:"job_id"`
+	UnusedHostCounter *ebpf.VariableSpec `ebpf:"unused_host_counter"`
+	WorkerIp          *ebpf.VariableSpec `ebpf:"worker_ip"`
+	WorkerPort        *ebpf.VariableSpec `ebpf:"worker_port"`
 }
 
 // HostObjects contains all objects after they have been loaded into the kernel.
@@ -121,9 +131,10 @@ func (m *HostMaps) Close() error {
 //
 // It can be passed to LoadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type HostVariables struct {
-	JobId      *ebpf.Variable `ebpf:"job_id"`
-	WorkerIp   *ebpf.Variable `ebpf:"worker_ip"`
-	WorkerPort *ebpf.Variable `ebpf:"worker_port"`
+	JobId             *ebpf.Variable `ebpf:"job_id"`
+	UnusedHostCounter *ebpf.Variable `ebpf:"unused_host_counter"`
+	WorkerIp          *ebpf.Variable `ebpf:"worker_ip"`
+	WorkerPort        *ebpf.Variable `ebpf:"worker_port"`
 }
 
 // HostPrograms contains all programs after they have been loaded into the kernel.
