@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -149,7 +150,7 @@ func (s jobSpec) workerPort() uint16 {
 func (a *agentEnv) startJob(ctx context.Context, t *testing.T, s jobSpec) *runningJob {
 	t.Helper()
 	psAddr := netip.AddrPortFrom(a.tp.PS.IP, loader.DefaultPort)
-	extra := s.extra
+	extra := slices.Clip(s.extra) // appending below must not write into the caller's array
 	if s.threshold != 0 {
 		extra = append(extra, "--threshold", strconv.Itoa(int(s.threshold)))
 	}
