@@ -306,7 +306,7 @@ struct join_body {
  * new aggregation threshold. Little-endian. Answered by an authenticated MSG_ACK.
  */
 struct seth_body {
-	__u32 threshold; /* H, 1..the job's admitted workers (else the agent refuses it: bad_worker) */
+	__u32 threshold; /* H, 1..the job's admitted workers (else the agent refuses it: bad_threshold) */
 };
 
 /* Slot states (slot.state). */
