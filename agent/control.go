@@ -394,19 +394,17 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
 		}
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT,
-		bpf.XdpaggMsgTypeMSG_SETH, bpf.XdpaggMsgTypeMSG_FBCAST:
-		// Only the worker id's binding may ask for (or acknowledge) its job's results, or reset,
-		// halt, re-threshold or flush its job (members are trusted with their job's state, and
-		// only with it).
+		bpf.XdpaggMsgTypeMSG_SETH, bpf.XdpaggMsgTypeMSG_FBCAST, bpf.XdpaggMsgTypeMSG_HELP:
+		// Only the worker id's binding may ask for (or acknowledge) its job's results, reset,
+		// halt, re-threshold or flush its job, or answer the agent's Help request with a result
+		// (members are trusted with their job's state and sums, and only with them).
 		if !bound || !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
-	case bpf.XdpaggMsgTypeMSG_HELP:
-		// A result for another member: only from the binding of a worker id the agent asked
-		// for it (members are trusted with their job's sums, and only with them).
-		if !bound || !isBinding(binding, ifindex, from) {
-			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
+		if typ != bpf.XdpaggMsgTypeMSG_HELP {
+			break
 		}
+		// A HELP answer only from a worker id the agent asked for that result.
 		if hb, err = c.checkHelpAnswer(h, msg, now); errors.Is(err, errLateHelp) {
 			lateHelp = true // another member answered first: nothing to do, nothing refused
 		} else if err != nil {
