@@ -95,11 +95,9 @@ func (c *ResultCache) Store(rec []byte, now time.Time) error {
 	// Every worker of the job must acknowledge it, not only its contributors: with a
 	// threshold H below the fan-in (asynchronous aggregation) a slow worker that is not in the
 	// sum still needs the result, and may have to ask for it here.
+	// (A Go shift of 32 or more gives 0, so a fan-in of 32 wants every bit.)
 	_, fan := h.LevelBits()
 	want := uint32(1)<<fan - 1
-	if fan >= 32 {
-		want = ^uint32(0)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := cacheKey{h.JobId, h.Seq}

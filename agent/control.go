@@ -394,19 +394,17 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
 		}
 	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT,
-		bpf.XdpaggMsgTypeMSG_SETH, bpf.XdpaggMsgTypeMSG_FBCAST:
-		// Only the worker id's binding may ask for (or acknowledge) its job's results, or reset,
-		// halt, re-threshold or flush its job (members are trusted with their job's state, and
-		// only with it).
+		bpf.XdpaggMsgTypeMSG_SETH, bpf.XdpaggMsgTypeMSG_FBCAST, bpf.XdpaggMsgTypeMSG_HELP:
+		// Only the worker id's binding may ask for (or acknowledge) its job's results, reset,
+		// halt, re-threshold or flush its job, or answer the agent's Help request with a result
+		// (members are trusted with their job's state and sums, and only with them).
 		if !bound || !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
-	case bpf.XdpaggMsgTypeMSG_HELP:
-		// A result for another member: only from the binding of a worker id the agent asked
-		// for it (members are trusted with their job's sums, and only with them).
-		if !bound || !isBinding(binding, ifindex, from) {
-			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
+		if typ != bpf.XdpaggMsgTypeMSG_HELP {
+			break
 		}
+		// A HELP answer only from a worker id the agent asked for that result.
 		if hb, err = c.checkHelpAnswer(h, msg, now); errors.Is(err, errLateHelp) {
 			lateHelp = true // another member answered first: nothing to do, nothing refused
 		} else if err != nil {
@@ -501,7 +499,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		hn, halted := c.halted[h.JobId]
 		c.mu.Unlock()
 		if halted && now.Before(hn.until) {
-			if err := c.sendHalt(h.JobId, h.WorkerId, hn.seq, key, from); err != nil {
+			if err := c.sendHeaderFrom(wire.MsgHalt, h.JobId, hn.seq, h.WorkerId, key, from, c.replySrc); err != nil {
 				return err
 			}
 		}
@@ -630,7 +628,7 @@ type haltNotice struct {
 // address on each member's port (the address it joined through). It returns how many it told.
 func (c *ControlServer) tellHalt(job, seq uint32, key []byte) (int, error) {
 	return c.toMembers(job, "halt notice", func(m maps.Member, src net.IP) error {
-		return c.sendHaltFrom(job, m.WorkerID, seq, key, m.Addr, src)
+		return c.sendHeaderFrom(wire.MsgHalt, job, seq, m.WorkerID, key, m.Addr, src)
 	})
 }
 
@@ -655,14 +653,10 @@ func (c *ControlServer) toMembers(job uint32, what string, send func(m maps.Memb
 	return n, nil
 }
 
-// sendHalt sends one halt notice to a member that just wrote to the agent (answered from the
-// address it wrote to).
-func (c *ControlServer) sendHalt(job uint32, worker uint8, seq uint32, key []byte, to netip.AddrPort) error {
-	return c.sendHaltFrom(job, worker, seq, key, to, c.replySrc)
-}
-
-func (c *ControlServer) sendHaltFrom(job uint32, worker uint8, seq uint32, key []byte, to netip.AddrPort, src net.IP) error {
-	h := wire.Header{Version: wire.Version, Type: wire.MsgHalt, JobId: job, Seq: seq, WorkerId: worker}
+// sendHeaderFrom sends an authenticated bare header of type typ (a HALT notice, a HELP request,
+// an ACK) for job, seq and worker id under the job's key to `to`, from address src.
+func (c *ControlServer) sendHeaderFrom(typ uint8, job, seq uint32, worker uint8, key []byte, to netip.AddrPort, src net.IP) error {
+	h := wire.Header{Version: wire.Version, Type: typ, JobId: job, Seq: seq, WorkerId: worker}
 	out, err := ctlauth.Seal(key, wire.AppendHeader(nil, &h), c.stamper.Next())
 	if err != nil {
 		return err
@@ -690,12 +684,7 @@ func portAddress(ifindex int) net.IP {
 
 // ack answers h with an authenticated MSG_ACK (same job, seq and worker id).
 func (c *ControlServer) ack(h wire.Header, key []byte, to netip.AddrPort) error {
-	a := wire.Header{Version: wire.Version, Type: wire.MsgAck, JobId: h.JobId, Seq: h.Seq, WorkerId: h.WorkerId}
-	out, err := ctlauth.Seal(key, wire.AppendHeader(nil, &a), c.stamper.Next())
-	if err != nil {
-		return err
-	}
-	if err := c.send(out, to); err != nil {
+	if err := c.sendHeaderFrom(wire.MsgAck, h.JobId, h.Seq, h.WorkerId, key, to, c.replySrc); err != nil {
 		return fmt.Errorf("send ack: %w", err)
 	}
 	return nil

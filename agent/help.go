@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/xdpagg/xdpagg/bpf"
-	"github.com/xdpagg/xdpagg/ctlauth"
+	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/wire"
 )
 
@@ -127,7 +128,6 @@ func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.Ad
 		c.helpSt.resent.Add(1)
 		return true, c.sendRecovered(pkt, []helpWaiter{w})
 	}
-	again := false
 	if r == nil {
 		if len(c.help) >= MaxHelpPending {
 			c.sweepHelpLocked(now)
@@ -137,24 +137,17 @@ func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.Ad
 			c.helpSt.full.Add(1)
 			return false, nil
 		}
-		r = &helpReq{until: now.Add(HelpWindow)}
+		r = &helpReq{until: now.Add(HelpWindow), waiters: []helpWaiter{w}}
 		c.help[k] = r
-	} else {
+	} else if i := slices.IndexFunc(r.waiters, func(x helpWaiter) bool { return x.worker == w.worker }); i >= 0 {
 		// Asked again by a member already waiting: the earlier requests (or their answers)
-		// were lost, or no member had the result yet. A new waiter rides on the pending request.
-		for i := range r.waiters {
-			if r.waiters[i].worker == w.worker {
-				r.waiters[i], again = w, true // where it asks from now
-			}
-		}
-		if !again {
-			r.waiters = append(r.waiters, w)
-			c.mu.Unlock()
-			return true, nil
-		}
-	}
-	if !again {
+		// were lost, or no member had the result yet. Ask the members again.
+		r.waiters[i] = w // where it asks from now
+	} else {
+		// A new waiter rides on the pending request.
 		r.waiters = append(r.waiters, w)
+		c.mu.Unlock()
+		return true, nil
 	}
 	waiting := uint32(0)
 	for _, x := range r.waiters {
@@ -162,26 +155,20 @@ func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.Ad
 	}
 	c.mu.Unlock()
 
-	ms, err := c.maps.ListMembers()
-	if err != nil {
-		return false, err
-	}
 	var asked uint32
-	for _, m := range ms {
-		if m.JobID != h.JobId || waiting&(1<<m.WorkerID) != 0 {
-			continue
+	_, err := c.toMembers(h.JobId, "help request", func(m maps.Member, src net.IP) error {
+		if waiting&(1<<m.WorkerID) != 0 {
+			return nil
 		}
-		q := wire.Header{Version: wire.Version, Type: wire.MsgHelp, JobId: h.JobId, Seq: h.Seq, WorkerId: m.WorkerID}
-		out, err := ctlauth.Seal(key, wire.AppendHeader(nil, &q), c.stamper.Next())
-		if err != nil {
-			return false, err
-		}
-		if err := c.sendFrom(out, m.Addr, portAddress(int(m.Ifindex))); err != nil {
-			c.log.Warn("help request not sent", "job", h.JobId, "seq", h.Seq, "worker", m.WorkerID, "err", err)
-			continue
+		if err := c.sendHeaderFrom(wire.MsgHelp, h.JobId, h.Seq, m.WorkerID, key, m.Addr, src); err != nil {
+			return err
 		}
 		asked |= 1 << m.WorkerID
 		c.helpSt.asked.Add(1)
+		return nil
+	})
+	if err != nil {
+		return false, err
 	}
 	c.mu.Lock()
 	if r := c.help[k]; r != nil {

@@ -154,16 +154,22 @@ func (g *Manager) admit(j mgmt.Job) (fresh bool, err error) {
 func (g *Manager) Remove(id uint32) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	freed, err := g.maps.RemoveJob(id)
+	freed, removed, err := g.removeJob(id)
+	if removed {
+		g.log.Info("job removed by the controller", "job", id, "slots_freed", freed)
+	}
+	return err
+}
+
+// removeJob ends job id and makes the control server forget it; removed is false (and err nil)
+// if it was not admitted.
+func (g *Manager) removeJob(id uint32) (freed int, removed bool, err error) {
+	freed, err = g.maps.RemoveJob(id)
 	if errors.Is(err, maps.ErrNoJob) {
-		return nil
+		return 0, false, nil
 	}
 	g.ctrl.forgetJob(id)
-	if err != nil {
-		return err
-	}
-	g.log.Info("job removed by the controller", "job", id, "slots_freed", freed)
-	return nil
+	return freed, err == nil, err
 }
 
 // Reset clears a job's slots, registers and iteration records as MSG_RESET does.
@@ -505,18 +511,14 @@ func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
 	if err != nil {
 		return st, err
 	}
-	type ref struct {
-		job    uint32
-		worker uint8
-	}
-	want := map[ref]maps.Member{}
+	want := map[workerRef]maps.Member{}
 	for _, mb := range s.Members {
 		if _, ok := ours[mb.Job]; !ok {
 			st.Skipped++
 			continue
 		}
 		p, _ := g.portByName(mb.Port)
-		want[ref{mb.Job, mb.Worker}] = maps.Member{JobID: mb.Job, WorkerID: mb.Worker, Ifindex: uint32(p.Ifindex), Addr: mb.Addr, MAC: mb.MAC, PortMAC: p.MAC}
+		want[workerRef{job: mb.Job, worker: mb.Worker}] = maps.Member{JobID: mb.Job, WorkerID: mb.Worker, Ifindex: uint32(p.Ifindex), Addr: mb.Addr, MAC: mb.MAC, PortMAC: p.MAC}
 	}
 	// Egress entries first: one that is not exactly a wanted member goes (with the binding
 	// behind its port).
@@ -529,7 +531,7 @@ func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
 		if _, ok := ours[mb.JobID]; !ok {
 			continue
 		}
-		w, ok := want[ref{mb.JobID, mb.WorkerID}]
+		w, ok := want[workerRef{job: mb.JobID, worker: mb.WorkerID}]
 		if ok && w.Ifindex == mb.Ifindex && w.Addr == mb.Addr && bytes.Equal(w.MAC, mb.MAC) {
 			continue
 		}
@@ -545,8 +547,7 @@ func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
 	// Then every worker id of the jobs: bound exactly as wanted, or not at all.
 	for id, j := range ours {
 		for w := range j.Workers {
-			r := ref{id, w}
-			mb, wanted := want[r]
+			mb, wanted := want[workerRef{job: id, worker: w}]
 			b, err := g.maps.Worker(id, w)
 			bound := err == nil
 			if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -593,13 +594,12 @@ func (g *Manager) Sync(r mgmt.SyncRequest) (mgmt.RestoreStats, error) {
 		}
 	}
 	for _, id := range r.Gone {
-		freed, err := g.maps.RemoveJob(id)
-		if errors.Is(err, maps.ErrNoJob) {
-			continue
-		}
-		g.ctrl.forgetJob(id)
+		freed, removed, err := g.removeJob(id)
 		if err != nil {
 			return st, err
+		}
+		if !removed {
+			continue
 		}
 		g.log.Info("sync: job removed (the active switch no longer has it)", "job", id, "slots_freed", freed)
 		st.Removed++

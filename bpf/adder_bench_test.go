@@ -77,12 +77,9 @@ func BenchmarkAdder(b *testing.B) {
 	}
 	// batch runs one batch on v and returns its median time per packet.
 	seq := uint32(0)
-	batch := func(v *variant) (add, dup float64) {
-		if err := v.s.Maps.ResetSlots(); err != nil {
-			b.Fatal(err)
-		}
-		c0 := v.s.counters(b)
-		per := make([]time.Duration, 0, adderBatch)
+	// pass runs v's frames once on each fragment of the batch and returns every run's time.
+	pass := func(v *variant) []time.Duration {
+		ts := make([]time.Duration, 0, adderBatch)
 		for f := range adderFrags {
 			for _, fr := range v.frames {
 				setFragment(fr, seq+uint32(f), uint32(f))
@@ -90,26 +87,24 @@ func BenchmarkAdder(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				per = append(per, d)
+				ts = append(ts, d)
 			}
 		}
+		return ts
+	}
+	batch := func(v *variant) (add, dup float64) {
+		if err := v.s.Maps.ResetSlots(); err != nil {
+			b.Fatal(err)
+		}
+		c0 := v.s.counters(b)
+		per := pass(v)
 		if d := v.s.counters(b).Sub(c0); d[maps.CntAggregated] != uint64(adderBatch) || d[maps.CntRx] != uint64(adderBatch) || d[maps.CntCompleted] != 0 {
 			b.Fatalf("%d packets, switch counted {%v}", adderBatch, deltaOf(d))
 		}
 		// Then the same contributions again: duplicates, the path that touches no value, as a
 		// check that the build's fixed costs are the same.
 		c0 = v.s.counters(b)
-		dups := make([]time.Duration, 0, adderBatch)
-		for f := range adderFrags {
-			for _, fr := range v.frames {
-				setFragment(fr, seq+uint32(f), uint32(f))
-				_, d, err := timedRun(v.s.Objects.XdpaggSwitch, fr, ingress, 1)
-				if err != nil {
-					b.Fatal(err)
-				}
-				dups = append(dups, d)
-			}
-		}
+		dups := pass(v)
 		if d := v.s.counters(b).Sub(c0); d[maps.CntDuplicate] != uint64(adderBatch) || d[maps.CntRx] != uint64(adderBatch) {
 			b.Fatalf("%d duplicates, switch counted {%v}", adderBatch, deltaOf(d))
 		}

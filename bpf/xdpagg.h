@@ -306,7 +306,7 @@ struct join_body {
  * new aggregation threshold. Little-endian. Answered by an authenticated MSG_ACK.
  */
 struct seth_body {
-	__u32 threshold; /* H, 1..the job's admitted workers (else the agent refuses it: bad_worker) */
+	__u32 threshold; /* H, 1..the job's admitted workers (else the agent refuses it: bad_threshold) */
 };
 
 /* Slot states (slot.state). */
@@ -408,7 +408,8 @@ struct job_key {
 
 /*
  * Authentication trailer of every control message (JOIN, LEAVE, RESET, HALT, SETH, FBCAST, ACK,
- * RETRANSMIT, and the agent's ACK answers): appended after the header and body.
+ * RETRANSMIT, HELP answers, and the agent's ACK answers, HALT notices and HELP requests):
+ * appended after the header and body.
  * tag = HMAC-SHA256(job key, every byte before tag), first 16 bytes. stamp orders a sender's messages for replay protection: the receiver
  * accepts only a stamp above the last it accepted from that sender and within a freshness window
  * of its own clock (docs/security.md).

@@ -72,10 +72,9 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 		return v, fmt.Errorf("%w: slot quota 0", ErrBadJob)
 	case uint32(j.RegArrays) > bpf.JobMaxArrays:
 		return v, fmt.Errorf("%w: %d register arrays: use at most %d", ErrBadJob, j.RegArrays, bpf.JobMaxArrays)
-	case j.Threshold > j.Workers:
-		return v, fmt.Errorf("%w: threshold %d above the job's %d workers", ErrBadJob, j.Threshold, j.Workers)
-	case j.Threshold != 0 && j.RegArrays > 0:
-		return v, fmt.Errorf("%w: a sparse job takes no threshold", ErrBadJob)
+	}
+	if err := j.checkThreshold(j.Threshold); err != nil {
+		return v, err
 	}
 	v.PsIp = wire.IPv4ToMap(j.PS.Addr())
 	v.PsPort = wire.PortToMap(j.PS.Port())
@@ -86,6 +85,18 @@ func (j Job) encode() (bpf.XdpaggJob, error) {
 	v.RegArrays = j.RegArrays
 	v.Threshold = j.Threshold
 	return v, nil
+}
+
+// checkThreshold says whether j may aggregate with threshold h (admission and SetThreshold alike):
+// 0 or 1..its workers, and 0 for a sparse job.
+func (j Job) checkThreshold(h uint8) error {
+	switch {
+	case h > j.Workers:
+		return fmt.Errorf("%w: threshold %d above the job's %d workers", ErrBadJob, h, j.Workers)
+	case h != 0 && j.RegArrays > 0:
+		return fmt.Errorf("%w: a sparse job takes no threshold", ErrBadJob)
+	}
+	return nil
 }
 
 func decodeJob(id uint32, v bpf.XdpaggJob) Job {
@@ -492,11 +503,8 @@ func (m *Maps) SetThreshold(job uint32, h uint8) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case h > j.Workers:
-		return fmt.Errorf("%w: threshold %d above job %d's %d workers", ErrBadJob, h, job, j.Workers)
-	case h != 0 && j.RegArrays > 0:
-		return fmt.Errorf("%w: job %d is sparse and takes no threshold", ErrBadJob, job)
+	if err := j.checkThreshold(h); err != nil {
+		return fmt.Errorf("job %d: %w", job, err)
 	}
 	res, err := m.runOp(bpf.XdpaggSlotOp{Op: uint32(bpf.XdpaggSlotOpKindOP_SET_H), JobId: job, Threshold: uint32(h)})
 	if err != nil {

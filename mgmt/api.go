@@ -159,7 +159,6 @@ type Handler interface {
 // stamp order); concurrent callers queue.
 type Client struct {
 	addr netip.AddrPort
-	key  []byte
 
 	mu      sync.Mutex // one exchange at a time
 	keys    frameKeys
@@ -179,7 +178,7 @@ func Dial(addr netip.AddrPort, key []byte) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{addr: addr, key: append([]byte(nil), key...), keys: keys}, nil
+	return &Client{addr: addr, keys: keys}, nil
 }
 
 // Admit admits j on the switch; a job already admitted with the same key and parameters is
@@ -222,12 +221,3 @@ func (c *Client) Drain(ctx context.Context) error { return c.call(ctx, opDrain, 
 
 // Close releases the client (it holds no connection between calls).
 func (c *Client) Close() error { return nil }
-
-// Serve answers management connections on ln with h until ctx ends (see Server).
-func Serve(ctx context.Context, ln net.Listener, key []byte, h Handler) error {
-	s, err := NewServer(key, h)
-	if err != nil {
-		return err
-	}
-	return s.Serve(ctx, ln)
-}

@@ -93,25 +93,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		open  = map[net.Conn]bool{}
-		ended bool
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		open = map[net.Conn]bool{}
 	)
-	closeAll := func() {
+	// However Serve ends (ctx's end closes ln, which ends the loop below), the connections it
+	// serves end with it (a request being handled finishes first: the handler is not
+	// interrupted, only its connection).
+	defer wg.Wait()
+	defer func() {
 		mu.Lock()
 		defer mu.Unlock()
-		ended = true
 		for c := range open {
 			c.Close()
 		}
-	}
-	stopAll := context.AfterFunc(ctx, closeAll)
-	defer stopAll()
-	// However Serve ends, the connections it serves end with it (a request being handled
-	// finishes first: the handler is not interrupted, only its connection).
-	defer wg.Wait()
-	defer closeAll()
+	}()
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -132,12 +128,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		mu.Lock()
-		if ended {
-			mu.Unlock()
-			conn.Close()
-			<-s.conns
-			continue
-		}
 		open[conn] = true
 		mu.Unlock()
 		wg.Add(1)
