@@ -31,7 +31,7 @@ func BenchmarkLiveFramesCall(b *testing.B) {
 	}
 	ns, err := netns.New()
 	if err != nil {
-		b.Skipf("new network namespace: %v", err)
+		b.Fatalf("new network namespace: %v", err)
 	}
 	defer func() { _ = netns.Set(orig); ns.Close() }()
 	la := netlink.NewLinkAttrs()
