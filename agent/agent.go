@@ -306,7 +306,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	ctrl.SetConfig(cfg.Control)
 	if cfg.ControllerKey != nil {
-		ctrl.SetControllerKey(cfg.ControllerKey)
+		if err := ctrl.SetControllerKey(cfg.ControllerKey); err != nil {
+			return fmt.Errorf("%w: controller key: %w", ErrConfig, err)
+		}
 	}
 	var mgmtSrv *mgmt.Server
 	mgmtAddr := ""

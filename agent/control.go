@@ -84,8 +84,9 @@ type ControlServer struct {
 	stamper ctlauth.Stamper
 	replay  ctlauth.Replay[workerRef]
 
-	ctlKey    []byte                         // the controller's key (heartbeats); nil: none
-	ctlReplay ctlauth.Replay[netip.AddrPort] // the controller's stamps, by sender
+	ctlKey    []byte                    // the controller's key (heartbeats); nil: none
+	hbAnswers *ctlauth.HeartbeatAnswers // seals heartbeat answers under a key derived from ctlKey
+	ctlReplay ctlauth.Replay[struct{}]  // the controller's stamps: one sender, whatever its address
 	// Heartbeats are answered on the switch ports and on these management interfaces (the
 	// controller's own network, not behind a port); hbAnyIface: on every interface.
 	hbIfaces   map[int]bool

@@ -1007,7 +1007,7 @@ func TestRejectCountsAndLimitsLogs(t *testing.T) {
 
 // TestServe runs the real receive loop: ListenControl with IP_PKTINFO, an authenticated JOIN sent
 // over loopback (ifindex 1, declared a switch port), the sealed ACK back, refusals counted, and a
-// clean stop when the context ends.
+// clean stop when the context ends (serve).
 func TestServe(t *testing.T) {
 	sw := loadSwitch(t, 4)
 	lo, err := net.InterfaceByName("lo")
@@ -1019,14 +1019,8 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ListenControl: %v", err)
 	}
-	defer c.Close()
-	port := c.raw.LocalAddr().(*net.UDPAddr).Port
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx) }()
-
+	to := serve(t, c)
 	w := newWorker(t)
-	to := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}
 	// Refused messages first: counted and skipped, the loop goes on.
 	if _, err := w.conn.WriteTo([]byte("junk"), to); err != nil {
 		t.Fatal(err)
@@ -1048,16 +1042,28 @@ func TestServe(t *testing.T) {
 	if got := c.Rejected(); got[RejectMalformed] != 2 {
 		t.Errorf("Rejected() = %v, want 2 malformed (junk, and a JOIN without its trailer)", got)
 	}
+}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Serve after cancel = %v, want nil", err)
+// serve runs c's receive loop until the test ends, then checks that it returns nil once its
+// context ends and closes c. It returns the loop's address on 127.0.0.1.
+func serve(t *testing.T, c *ControlServer) *net.UDPAddr {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve after cancel = %v, want nil", err)
+			}
+		case <-time.After(failsafeFor):
+			t.Error("Serve did not return after its context ended")
 		}
-	case <-time.After(failsafeFor):
-		t.Fatal("Serve did not return after its context ended")
-	}
+		c.Close()
+	})
+	return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: c.raw.LocalAddr().(*net.UDPAddr).Port}
 }
 
 // A job removed and admitted again under its id (xdpagg job rm; job add) before the agent's next
@@ -1231,8 +1237,8 @@ func TestHandleHalt(t *testing.T) {
 }
 
 // TestHandleHeartbeat: the controller's heartbeat, under the switch's controller key, is answered
-// with the switch's statistics under the same key; the wrong key, a replay, or a switch without a
-// controller key get no answer.
+// with the switch's statistics sealed under a key derived from it; the wrong key, a replay, or a
+// switch without a controller key get no answer.
 func TestHandleHeartbeat(t *testing.T) {
 	ct := newCtlTest(t)
 	c := ct.c
@@ -1248,26 +1254,9 @@ func TestHandleHeartbeat(t *testing.T) {
 	wantRefused(t, c.handle(beat(2, ct.key), testPort, ctl.addr), RejectUnauth, "HEARTBEAT")
 	b := beat(3, ctlKey)
 	accept(t, c, b, testPort, ctl.addr)
-	buf := make([]byte, 512)
-	if err := ctl.conn.SetReadDeadline(time.Now().Add(failsafeFor)); err != nil {
-		t.Fatal(err)
-	}
-	n, _, err := ctl.conn.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("no heartbeat answer: %v", err)
-	}
-	msg, _, err := ctlauth.Open(ctlKey, buf[:n])
-	if err != nil {
-		t.Fatalf("the answer does not open under the controller key: %v", err)
-	}
-	var h wire.Header
-	wire.DecodeHeader(msg, &h)
-	var st bpf.XdpaggHeartbeatStats
-	if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &st); err != nil {
-		t.Fatal(err)
-	}
-	if h.Type != msgHeartbeat || h.Seq != 3 || st.PoolSize != 16 || st.Jobs != 2 || st.UptimeNs == 0 {
-		t.Errorf("answer %+v with %+v", h, st)
+	seq, st, _ := ctl.readHeartbeat(t, ctlKey)
+	if seq != 3 || st.PoolSize != 16 || st.Jobs != 2 || st.UptimeNs == 0 {
+		t.Errorf("answer for seq %d with %+v", seq, st)
 	}
 	wantRefused(t, c.handle(b, testPort, ctl.addr), RejectReplay, "HEARTBEAT")
 }

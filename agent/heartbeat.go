@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"time"
@@ -13,9 +12,16 @@ import (
 )
 
 // SetControllerKey makes the server answer the controller's MSG_HEARTBEATs, authenticated under
-// key (ctlauth.KeySize bytes; `xdpagg switch --controller-key-file`). Without one, heartbeats are
-// refused. Call before Serve.
-func (c *ControlServer) SetControllerKey(key []byte) { c.ctlKey = append([]byte(nil), key...) }
+// key (ctlauth.KeySize bytes; `xdpagg switch --controller-key-file`), with answers sealed under a
+// key derived from it. Without one, heartbeats are refused. Call before Serve.
+func (c *ControlServer) SetControllerKey(key []byte) error {
+	a, err := ctlauth.NewHeartbeatAnswers(key)
+	if err != nil {
+		return err
+	}
+	c.ctlKey, c.hbAnswers = append([]byte(nil), key...), a
+	return nil
+}
 
 // SetHeartbeatInterfaces makes the server answer heartbeats arriving on the management
 // interfaces ifindexes too (any: on every interface), not only on the switch ports: the
@@ -30,10 +36,20 @@ func (c *ControlServer) SetHeartbeatInterfaces(any bool, ifindexes ...int) {
 }
 
 // heartbeat answers the controller: job_id 0, a bare header and the trailer under the controller
-// key, a fresh stamp from that sender. The answer is the same header (type and seq) with a
-// struct heartbeat_stats body, sealed under the same key, from the address it was sent to.
+// key, a fresh stamp. The answer (ctlauth.HeartbeatAnswers) is the request's seq with a struct
+// heartbeat_stats body, encrypted and sealed under a key derived from the controller key, from
+// the address the request was sent to.
+//
+// The replay check keeps one record for the controller, whatever the source address and port:
+// the controller key has one holder, whose heartbeats (the Monitor's one Stamper, wall clock)
+// are one strictly increasing sequence, so a heartbeat recorded and played back from any address
+// is refused. A restarted controller's stamps move on with its clock. A legitimate heartbeat
+// refused here is one overtaken on the way by the controller's next one to this switch (an
+// Interval, 200 ms, later): the controller counted it missed already, as its seq is no longer
+// the outstanding one. A copy raced ahead of the original by someone on the path gets the
+// answer, which it cannot read, and the controller one miss, as if the heartbeat were dropped.
 func (c *ControlServer) heartbeat(b []byte, h wire.Header, ifindex int, from netip.AddrPort) error {
-	if len(c.ctlKey) != ctlauth.KeySize {
+	if c.hbAnswers == nil {
 		return refuse(RejectUnauth, "HEARTBEAT from %v: this switch has no controller key", from)
 	}
 	if h.JobId != 0 || h.Count != 0 || len(b) != wire.HdrSize+ctlauth.TrailerSize {
@@ -46,19 +62,15 @@ func (c *ControlServer) heartbeat(b []byte, h wire.Header, ifindex int, from net
 	if err != nil {
 		return refuse(RejectUnauth, "HEARTBEAT from %v: %w", from, err)
 	}
-	if err := c.ctlReplay.Check(from, stamp); err != nil {
+	if err := c.ctlReplay.Check(struct{}{}, stamp); err != nil {
 		return refuse(RejectReplay, "HEARTBEAT from %v: %w", from, err)
 	}
 	st, err := c.heartbeatStats()
 	if err != nil {
 		return err
 	}
-	a := wire.Header{Version: wire.Version, Type: wire.MsgHeartbeat, Seq: h.Seq}
-	out, err := binary.Append(wire.AppendHeader(nil, &a), binary.LittleEndian, &st)
+	out, err := c.hbAnswers.Seal(h.Seq, c.stamper.Next(), &st)
 	if err != nil {
-		return err
-	}
-	if out, err = ctlauth.Seal(c.ctlKey, out, c.stamper.Next()); err != nil {
 		return err
 	}
 	if err := c.send(out, from); err != nil {

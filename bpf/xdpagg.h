@@ -423,8 +423,10 @@ _Static_assert(sizeof(struct ctl_auth) == LIMIT_CTL_AUTH_SIZE, "struct ctl_auth 
 _Static_assert(sizeof(struct job_key) == LIMIT_JOB_KEY_SIZE, "struct job_key must stay 32 bytes");
 
 /*
- * Body of the agent's MSG_HEARTBEAT answer to the controller (the request has none; both carry the
- * struct ctl_auth trailer under the switch's controller key, and job_id 0). Little-endian.
+ * Body of the agent's MSG_HEARTBEAT answer to the controller, which travels encrypted (AES-256-GCM
+ * under a key derived from the switch's controller key; layout in docs/protocol.md, Go
+ * ctlauth.HeartbeatAnswers). The request has no body and the struct ctl_auth trailer under the
+ * controller key; both have job_id 0. Little-endian.
  * Counters are cumulative since the switch was loaded; the controller differences them.
  */
 struct heartbeat_stats {

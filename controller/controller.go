@@ -13,7 +13,6 @@ package controller
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -105,6 +104,7 @@ type Monitor struct {
 	conn    *net.UDPConn
 	stamper ctlauth.Stamper
 	replay  ctlauth.Replay[netip.AddrPort]
+	answers []*ctlauth.HeartbeatAnswers // per target: opens its answers
 
 	mu     sync.Mutex
 	status []Status
@@ -119,15 +119,19 @@ func NewMonitor(local netip.AddrPort, targets []Target, p Policy) (*Monitor, err
 		return nil, fmt.Errorf("%w: no switches to watch", ErrConfig)
 	}
 	seen := map[string]bool{}
+	var answers []*ctlauth.HeartbeatAnswers
 	for _, t := range targets {
 		switch {
 		case t.Name == "" || seen[t.Name]:
 			return nil, fmt.Errorf("%w: switch name %q empty or given twice", ErrConfig, t.Name)
 		case !t.Addr.Addr().Is4() || t.Addr.Port() == 0:
 			return nil, fmt.Errorf("%w: switch %s at %v: need an IPv4 address and port", ErrConfig, t.Name, t.Addr)
-		case len(t.Key) != ctlauth.KeySize:
-			return nil, fmt.Errorf("%w: switch %s: controller key of %d bytes, want %d", ErrConfig, t.Name, len(t.Key), ctlauth.KeySize)
 		}
+		a, err := ctlauth.NewHeartbeatAnswers(t.Key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: switch %s: %w", ErrConfig, t.Name, err)
+		}
+		answers = append(answers, a)
 		seen[t.Name] = true
 	}
 	p = p.withDefaults()
@@ -138,7 +142,7 @@ func NewMonitor(local netip.AddrPort, targets []Target, p Policy) (*Monitor, err
 	if err != nil {
 		return nil, fmt.Errorf("listen on %v: %w", local, err)
 	}
-	m := &Monitor{policy: p, targets: slices.Clone(targets), conn: conn, status: make([]Status, len(targets)),
+	m := &Monitor{policy: p, targets: slices.Clone(targets), answers: answers, conn: conn, status: make([]Status, len(targets)),
 		sentAt: make([]time.Time, len(targets)), seq: make([]uint32, len(targets)),
 		prev: make([]bpf.XdpaggHeartbeatStats, len(targets))}
 	now := time.Now()
@@ -219,8 +223,8 @@ func (m *Monitor) tick(now time.Time) {
 	m.notify(changed)
 }
 
-// answer takes a heartbeat answer: from the target's address, under its key, for the outstanding
-// nonce, with a fresh stamp.
+// answer takes a heartbeat answer: from the target's address, sealed under its key
+// (ctlauth.HeartbeatAnswers), for the outstanding nonce, with a fresh stamp.
 func (m *Monitor) answer(b []byte, from netip.AddrPort, now time.Time) {
 	m.mu.Lock()
 	i := slices.IndexFunc(m.targets, func(t Target) bool { return t.Addr == from })
@@ -228,19 +232,8 @@ func (m *Monitor) answer(b []byte, from netip.AddrPort, now time.Time) {
 		m.mu.Unlock()
 		return
 	}
-	msg, stamp, err := ctlauth.Open(m.targets[i].Key, b)
-	var h wire.Header
-	var st bpf.XdpaggHeartbeatStats
-	if err != nil || len(msg) != wire.HdrSize+binary.Size(st) {
-		m.mu.Unlock()
-		return
-	}
-	wire.DecodeHeader(msg, &h)
-	if h.Type != wire.MsgHeartbeat || h.Seq != m.seq[i] || m.sentAt[i].IsZero() || m.replay.Check(from, stamp) != nil {
-		m.mu.Unlock()
-		return
-	}
-	if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &st); err != nil {
+	seq, stamp, st, err := m.answers[i].Open(b)
+	if err != nil || seq != m.seq[i] || m.sentAt[i].IsZero() || m.replay.Check(from, stamp) != nil {
 		m.mu.Unlock()
 		return
 	}

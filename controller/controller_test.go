@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/binary"
 	"net"
 	"net/netip"
 	"sync"
@@ -34,6 +33,10 @@ func newFakeAgent(t *testing.T, key []byte) *fakeAgent {
 		t.Fatal(err)
 	}
 	f := &fakeAgent{conn: conn, key: key}
+	answers, err := ctlauth.NewHeartbeatAnswers(key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { conn.Close() })
 	go func() {
 		buf := make([]byte, 512)
@@ -52,8 +55,7 @@ func newFakeAgent(t *testing.T, key []byte) *fakeAgent {
 			f.mu.Lock()
 			st := f.stats
 			f.mu.Unlock()
-			out, _ := binary.Append(wire.AppendHeader(nil, &wire.Header{Version: wire.Version, Type: wire.MsgHeartbeat, Seq: h.Seq}), binary.LittleEndian, &st)
-			out, _ = ctlauth.Seal(key, out, f.stamper.Next())
+			out, _ := answers.Seal(h.Seq, f.stamper.Next(), &st)
 			_, _ = conn.WriteToUDPAddrPort(out, from)
 		}
 	}()

@@ -1,11 +1,8 @@
 package mgmt
 
 import (
-	"crypto/aes"
 	"crypto/cipher"
-	"crypto/hkdf"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -46,28 +43,14 @@ type frameKeys struct {
 	req, resp cipher.AEAD
 }
 
-func deriveKeys(key []byte) (frameKeys, error) {
-	if len(key) != ctlauth.KeySize {
-		return frameKeys{}, fmt.Errorf("%w: controller key of %d bytes, want %d", ctlauth.ErrBadKey, len(key), ctlauth.KeySize)
+func deriveKeys(key []byte) (fk frameKeys, err error) {
+	if fk.req, err = ctlauth.AEAD(key, infoRequest); err != nil {
+		return fk, fmt.Errorf("management request key: %w", err)
 	}
-	aead := func(info string) (cipher.AEAD, error) {
-		k, err := hkdf.Key(sha256.New, key, nil, info, 32)
-		if err != nil {
-			return nil, fmt.Errorf("derive management key: %w", err)
-		}
-		b, err := aes.NewCipher(k)
-		if err != nil {
-			return nil, fmt.Errorf("management cipher: %w", err)
-		}
-		return cipher.NewGCM(b)
+	if fk.resp, err = ctlauth.AEAD(key, infoResponse); err != nil {
+		return fk, fmt.Errorf("management response key: %w", err)
 	}
-	var fk frameKeys
-	var err error
-	if fk.req, err = aead(infoRequest); err != nil {
-		return fk, err
-	}
-	fk.resp, err = aead(infoResponse)
-	return fk, err
+	return fk, nil
 }
 
 // seal makes a frame's payload (after the length): nonce | AEAD(stamp | body).

@@ -2,7 +2,6 @@ package netns_tests
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -39,14 +38,19 @@ func heartbeatOver(t *testing.T, ctl string, sw netip.Addr, key []byte, seq uint
 		return st, err
 	}
 	defer conn.Close()
-	var stamps ctlauth.Stamper
-	b, err := ctlauth.Seal(key, wire.AppendHeader(nil, &wire.Header{Version: wire.Version, Type: wire.MsgHeartbeat, Seq: seq}), stamps.Next())
+	answers, err := ctlauth.NewHeartbeatAnswers(key)
 	if err != nil {
 		return st, err
 	}
+	var stamps ctlauth.Stamper
 	buf := make([]byte, 1024)
-	// Resent until answered: the first may meet a neighbour entry or socket not yet there.
+	// Resent until answered, each time with a new stamp (the agent refuses the same one twice):
+	// the first may meet a neighbour entry or socket not yet there.
 	for range 50 {
+		b, err := ctlauth.Seal(key, wire.AppendHeader(nil, &wire.Header{Version: wire.Version, Type: wire.MsgHeartbeat, Seq: seq}), stamps.Next())
+		if err != nil {
+			return st, err
+		}
 		if _, err := conn.Write(b); err != nil {
 			return st, err
 		}
@@ -59,16 +63,10 @@ func heartbeatOver(t *testing.T, ctl string, sw netip.Addr, key []byte, seq uint
 			}
 			return st, err
 		}
-		msg, _, err := ctlauth.Open(key, buf[:n])
-		if err != nil {
-			return st, err
+		aseq, _, st, err := answers.Open(buf[:n])
+		if err == nil && aseq != seq {
+			err = fmt.Errorf("answer for seq %d, want %d", aseq, seq)
 		}
-		var h wire.Header
-		wire.DecodeHeader(msg, &h)
-		if h.Type != wire.MsgHeartbeat || h.Seq != seq {
-			return st, fmt.Errorf("answer %+v", h)
-		}
-		_, err = binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &st)
 		return st, err
 	}
 	return st, errors.New("no heartbeat answer")
