@@ -49,8 +49,12 @@ test: deps-bench lint
 	@# pipefail: the line fails when the tests fail, not only when grep does. grep exits 1 when
 	@# no line matches, e.g. a figure a passing test no longer prints: only that status is
 	@# forgiven (2, a grep error, is not). Failing tests' names are kept ("--- FAIL"), and the
-	@# packages' verdicts but for those with no figure test ("[no tests to run]").
-	set -o pipefail; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '$(FIGURE_TESTS)' -v ./... | { grep -E '$(FIGURES)|^[[:space:]]*--- FAIL|^(FAIL|panic)|^ok .*s$$' || [ $$? -eq 1 ]; }
+	@# packages' verdicts but for those with no figure test ("[no tests to run]"). The whole -v
+	@# output goes to a file too; when the line fails, every failed test's own lines (its
+	@# t.Errorf/t.Fatalf messages, a panic) are printed from it (scripts/failed-output.awk).
+	log=$$(mktemp); trap 'rm -f "$$log"' EXIT; set -o pipefail; \
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '$(FIGURE_TESTS)' -v ./... | tee "$$log" | { grep -E '$(FIGURES)|^[[:space:]]*--- FAIL|^(FAIL|panic)|^ok .*s$$' || [ $$? -eq 1 ]; } \
+	|| { rc=$$?; awk -f scripts/failed-output.awk "$$log"; exit $$rc; }
 
 demo: deps build
 	./$(BIN) demo

@@ -132,8 +132,8 @@ func controlRequest(typ uint8, job uint32, worker, fan uint8, key []byte, sw net
 		return nil, 0, sw, fmt.Errorf("%w: JobKey has %d bytes: control messages need the job's %d-byte key (`xdpagg job add` prints it)",
 			ErrConfig, len(key), ctlauth.KeySize)
 	}
-	if withBody && len(mac) != 6 {
-		return nil, 0, sw, fmt.Errorf("%w: MAC %v: need a 6-byte Ethernet address", ErrConfig, mac)
+	if withBody && !wire.UnicastMAC(mac) {
+		return nil, 0, sw, fmt.Errorf("%w: MAC %v: need this worker's 6-byte unicast Ethernet address (the agent refuses group and all-zero ones)", ErrConfig, mac)
 	}
 	sw = netip.AddrPortFrom(sw.Addr().Unmap(), sw.Port())
 	if !sw.Addr().Is4() || sw.Addr().IsUnspecified() || sw.Port() == 0 {
@@ -168,19 +168,43 @@ func (w *Worker) controlWith(ctx context.Context, typ uint8, sw netip.AddrPort, 
 		return err
 	}
 	pkt := make([]byte, 0, len(msg)+ctlauth.TrailerSize)
+	w.ctlMu.Lock()
+	defer w.ctlMu.Unlock()
 
 	swRaw := sockaddr4(sw)
 	w.mu.Lock()
 	w.ackWant, w.ackGot = nonce, false
 	w.ackFrom, w.ackPending = swRaw, true
 	w.mu.Unlock()
+	select { // a wake-up left by an earlier call's ACK that came after it gave up
+	case <-w.acked:
+	default:
+	}
 	defer func() {
 		w.mu.Lock()
 		w.ackPending = false
 		w.mu.Unlock()
 	}()
+	// done reports (under mu) whether the ACK is in, and applies it.
+	done := func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !w.ackGot {
+			return false
+		}
+		if typ == wire.MsgJoin || typ == wire.MsgLeave {
+			// From now on, results this worker misses are asked of the switch agent's
+			// retransmit cache first, and its answers accepted; LEAVE turns that off.
+			w.ctrl, w.ctrlSet = sw, typ == wire.MsgJoin
+			w.ctrlRaw = swRaw
+			if w.ctrlSet && w.kept == nil {
+				w.startKeeping()
+			}
+		}
+		return true
+	}
 	wait := 50 * time.Millisecond
-	for {
+	for !done() {
 		// Every send gets a fresh stamp: the agent refuses a stamp it has seen (a resend after a
 		// lost ACK would otherwise be taken for a replay).
 		pkt, err = ctlauth.Seal(w.cfg.JobKey, append(pkt[:0], msg...), w.stamper.Next())
@@ -190,38 +214,26 @@ func (w *Worker) controlWith(ctx context.Context, typ uint8, sw netip.AddrPort, 
 		if _, err := w.bc.conn.WriteToUDPAddrPort(pkt, sw); err != nil {
 			return fmt.Errorf("send control message to %v: %w", sw, err)
 		}
+		// Wait for the ACK or the resend timer; either way done() decides. A lost message (or
+		// ACK) costs one resend interval, doubling to a second: it is resent, never waited out.
 		t := time.NewTimer(wait)
-		for acked := false; !acked; {
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return fmt.Errorf("%w: no acknowledgement from the switch agent at %v: %w", ErrTimeout, sw, ctx.Err())
-			case <-w.closing:
-				t.Stop()
-				return ErrClosed
-			case <-t.C:
-				acked = true // resend
-			case <-w.kick:
-				w.mu.Lock()
-				got := w.ackGot
-				if got && (typ == wire.MsgJoin || typ == wire.MsgLeave) {
-					// From now on, results this worker misses are asked of the switch agent's
-					// retransmit cache first, and its answers accepted; LEAVE turns that off.
-					w.ctrl, w.ctrlSet = sw, typ == wire.MsgJoin
-					w.ctrlRaw = swRaw
-					if w.ctrlSet && w.kept == nil {
-						w.startKeeping()
-					}
-				}
-				w.mu.Unlock()
-				if got {
-					t.Stop()
-					return nil
-				}
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if done() { // answered just as ctx ended: the agent did act on it
+				return nil
 			}
+			return fmt.Errorf("%w: no acknowledgement from the switch agent at %v: %w", ErrTimeout, sw, ctx.Err())
+		case <-w.closing:
+			t.Stop()
+			return ErrClosed
+		case <-t.C:
+		case <-w.acked:
+			t.Stop()
 		}
 		wait = min(2*wait, time.Second)
 	}
+	return nil
 }
 
 // sealCtl appends the authentication trailer to the control message buf[:wire.HdrSize] in place
@@ -287,6 +299,10 @@ func (w *Worker) handleAck(b []byte, h *wire.Header, from *unix.RawSockaddrInet4
 	w.st.ctlAcks.Add(1)
 	if w.ackPending && h.Seq == w.ackWant {
 		w.ackGot = true
+		select {
+		case w.acked <- struct{}{}:
+		default: // a wake-up is pending already
+		}
 		return
 	}
 	if !w.ctrlSet || !sameSource(from, &w.ctrlRaw) {

@@ -247,11 +247,18 @@ type Worker struct {
 	op   operation
 	kick chan struct{} // receive goroutine -> AllReduce: op changed
 
-	// Control acknowledgements (Join/Leave), guarded by mu.
+	// ctlMu makes control calls (Join, Leave, Reset, Halt, SetH, FBcast) take turns: one ACK is
+	// awaited at a time.
+	ctlMu sync.Mutex
+	// Control acknowledgements, guarded by mu.
 	ackWant    uint32                // nonce (seq) of the control message waiting for its MSG_ACK
 	ackGot     bool                  // its authenticated MSG_ACK arrived
-	ackPending bool                  // a Join/Leave waits for its MSG_ACK from ackFrom
-	ackFrom    unix.RawSockaddrInet4 // the switch address that Join/Leave sends to
+	ackPending bool                  // a control call waits for its MSG_ACK from ackFrom
+	ackFrom    unix.RawSockaddrInet4 // the switch address that the control call sends to
+	// acked wakes the waiting control call when its MSG_ACK arrives. Not kick: AllReduce takes
+	// kicks too (a Halt runs beside the worker's own AllReduce), and an ACK whose wake-up it took
+	// would leave the call waiting out its resend timer with the answer in hand.
+	acked chan struct{}
 
 	// Control-message authentication: this worker's stamps, and the agent's last accepted ones
 	// (by its address).
@@ -386,6 +393,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		epoch:    time.Now(),
 		timer:    time.NewTimer(time.Hour),
 		kick:     make(chan struct{}, 1),
+		acked:    make(chan struct{}, 1),
 		closing:  make(chan struct{}),
 		recvDone: make(chan struct{}),
 	}
