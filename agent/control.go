@@ -382,6 +382,11 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if jb.Reserved != 0 {
 			return refuse(RejectMalformed, "join body reserved %#x, must be 0", jb.Reserved)
 		}
+		if mac := net.HardwareAddr(jb.Mac[:]); !wire.UnicastMAC(mac) {
+			// Results go out to this MAC: a group address would have every host on the
+			// member's link (or the whole segment) take the job's sums.
+			return refuse(RejectMalformed, "JOIN of job %d worker %d names MAC %v: not a unicast address", h.JobId, h.WorkerId, mac)
+		}
 		if rip := netip.AddrFrom4(le32bytes(jb.ResultIp)); jb.ResultIp != 0 && rip != job.PS.Addr() {
 			return refuse(RejectBadWorker, "JOIN of job %d names %v as the result source; the job's PS is %v", h.JobId, rip, job.PS.Addr())
 		}

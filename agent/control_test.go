@@ -481,6 +481,15 @@ func TestHandleMalformed(t *testing.T) {
 			body.Reserved = 1
 			return sealed(t, key, hdr(msgJoin, testJob, 1, 0), body)
 		}, "join body reserved"),
+		malformed("JOIN naming the broadcast MAC", func(t *testing.T) []byte {
+			return sealed(t, key, hdr(msgJoin, testJob, 1, 0), joinBody(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, resultIP))
+		}, "not a unicast address"),
+		malformed("JOIN naming a multicast MAC", func(t *testing.T) []byte {
+			return sealed(t, key, hdr(msgJoin, testJob, 1, 0), joinBody(net.HardwareAddr{0x33, 0x33, 0, 0, 0, 1}, resultIP))
+		}, "not a unicast address"),
+		malformed("JOIN naming the zero MAC", func(t *testing.T) []byte {
+			return sealed(t, key, hdr(msgJoin, testJob, 1, 0), joinBody(make(net.HardwareAddr, 6), resultIP))
+		}, "not a unicast address"),
 		{name: "not a switch port", b: func(t *testing.T) []byte { return join(t, key, 1, 0) }, ifindex: notAPort,
 			reason: RejectNotAPort, want: "not a switch port"},
 	})

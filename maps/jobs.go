@@ -319,6 +319,10 @@ func (mb Member) encode() (bpf.XdpaggMemberKey, bpf.XdpaggMember, error) {
 	if len(mb.MAC) != 6 || len(mb.PortMAC) != 6 {
 		return k, v, fmt.Errorf("%w: MACs %v / %v must be 6 bytes", ErrBadMember, mb.MAC, mb.PortMAC)
 	}
+	if !wire.UnicastMAC(mb.MAC) {
+		// The job's results go out to it: a group address would reach every host on the link.
+		return k, v, fmt.Errorf("%w: MAC %v is not a unicast address (group bit set, or all zeros)", ErrBadMember, mb.MAC)
+	}
 	if int(mb.WorkerID) >= wire.MaxWorkers {
 		return k, v, fmt.Errorf("%w: worker id %d: use 0..%d", ErrBadMember, mb.WorkerID, wire.MaxWorkers-1)
 	}

@@ -10,9 +10,11 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"structs"
 )
 
@@ -437,4 +439,11 @@ func checkLevel(h *Header) error {
 // header) / 4, capped at MaxValues.
 func ValuesForMTU(mtu int) int {
 	return max(0, min(MaxValues, (mtu-20-8-HdrSize)/4))
+}
+
+// UnicastMAC reports whether mac is a 6-byte Ethernet address a single host can own: not a
+// group address (multicast, broadcast: the I/G bit, bit 0 of the first byte) and not all zeros.
+// A member's MAC is where the switch sends the job's results (JOIN's body).
+func UnicastMAC(mac net.HardwareAddr) bool {
+	return len(mac) == 6 && mac[0]&1 == 0 && !bytes.Equal(mac, make(net.HardwareAddr, 6))
 }
