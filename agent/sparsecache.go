@@ -214,7 +214,7 @@ func (c *SparseCache) Get(job, iter, first, mask uint32) [][]byte {
 	var out [][]byte
 	if j := c.jobs[job]; j != nil {
 		for _, it := range j.iters {
-			if it.iter != iter {
+			if it.iter != iter || (c.maxAge > 0 && time.Since(it.at) > c.maxAge) { // aged out, not swept yet
 				continue
 			}
 			for i := range uint32(sparseAskPackets) {
