@@ -288,6 +288,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if sw.Config.CacheResults {
 		cache := NewResultCache(cfg.CacheAge, cfg.CacheEntries)
 		ctrl.SetCache(cache)
+		ctrl.SetSparseCache(NewSparseCache(DefaultSparseKeep, DefaultSparseJobBytes, cfg.CacheAge))
 		stop, err := publishCacheStats(ctx, dir, cache, 100*time.Millisecond)
 		if err != nil {
 			return err
@@ -295,7 +296,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		defer stop() // before sw.Close (deferred earlier) removes the pin directory
 		feedCtx, feedCancel := context.WithCancel(ctx)
 		feedDone := make(chan error, 1)
-		go func() { feedDone <- feedCache(feedCtx, sw.Maps.Results, cache, log) }()
+		go func() { feedDone <- feedCache(feedCtx, sw.Maps.Results, ctrl.storeResult, log) }()
 		defer func() {
 			feedCancel()
 			if err := <-feedDone; err != nil {

@@ -17,9 +17,9 @@ import (
 	"github.com/xdpagg/xdpagg/maps"
 )
 
-// feedCache moves results from the switch's `results` ring buffer into the cache until ctx is
-// done. The reader is closed on return.
-func feedCache(ctx context.Context, results *ebpf.Map, c *ResultCache, log *slog.Logger) error {
+// feedCache moves results from the switch's `results` ring buffer into the caches (store files
+// each record) until ctx is done. The reader is closed on return.
+func feedCache(ctx context.Context, results *ebpf.Map, store func(rec []byte, now time.Time) error, log *slog.Logger) error {
 	rd, err := ringbuf.NewReader(results)
 	if err != nil {
 		return fmt.Errorf("open the results ring buffer: %w", err)
@@ -36,7 +36,7 @@ func feedCache(ctx context.Context, results *ebpf.Map, c *ResultCache, log *slog
 			}
 			return fmt.Errorf("read the results ring buffer: %w", err)
 		}
-		if err := c.Store(rec.RawSample, time.Now()); err != nil {
+		if err := store(rec.RawSample, time.Now()); err != nil {
 			log.Warn("result record dropped", "err", err)
 		}
 	}

@@ -78,8 +78,10 @@ type ControlServer struct {
 	log   *slog.Logger
 	ports map[int]net.HardwareAddr // attached ifindex -> port MAC
 	cache *ResultCache             // nil: no retransmit cache (RETRANSMIT answered as a miss)
-	cfg   ControlConfig
-	start time.Time
+	// sparse keeps sparse jobs' updates (a sparse RETRANSMIT); nil: none (answered as a miss).
+	sparse *SparseCache
+	cfg    ControlConfig
+	start  time.Time
 
 	stamper ctlauth.Stamper
 	replay  ctlauth.Replay[workerRef]
@@ -120,6 +122,9 @@ type workerRef struct {
 // SetCache makes the server answer MSG_RETRANSMIT from c and feed it workers' MSG_ACKs. Call
 // before Serve.
 func (c *ControlServer) SetCache(rc *ResultCache) { c.cache = rc }
+
+// SetSparseCache makes the server answer sparse MSG_RETRANSMITs from sc. Call before Serve.
+func (c *ControlServer) SetSparseCache(sc *SparseCache) { c.sparse = sc }
 
 // SetConfig sets the policy knobs. Call before Serve.
 func (c *ControlServer) SetConfig(cfg ControlConfig) { c.cfg = cfg.withDefaults() }
@@ -515,6 +520,14 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			}
 			return nil // acknowledgements are not acknowledged
 		}
+		if h.Encoding == wire.EncSparseHot {
+			// A sparse worker's lost update packets: the switch CPU's copy, else the worker
+			// resends its iteration to the PS (members keep no sparse updates to ask).
+			if sent, err := c.sparseRetransmit(h, from); sent || err != nil {
+				return err
+			}
+			return c.ack(h, key, from)
+		}
 		c.helpSt.requests.Add(1)
 		if c.cache != nil {
 			if pkt, ok := c.cache.Get(h.JobId, h.Seq); ok {
@@ -748,6 +761,9 @@ func (c *ControlServer) forget(drop func(job uint32) bool) {
 	c.mu.Unlock()
 	if c.cache != nil {
 		c.cache.ForgetJobs(drop)
+	}
+	if c.sparse != nil {
+		c.sparse.ForgetJobs(drop)
 	}
 }
 

@@ -26,6 +26,7 @@ type Collector struct {
 	jobs     *prometheus.Desc
 	rejected *prometheus.Desc
 	help     *prometheus.Desc
+	spCache  *prometheus.Desc
 	scrapeOK *prometheus.Desc
 	// The sparse datapath (docs/sparse.md).
 	recirc      *prometheus.Desc
@@ -49,6 +50,8 @@ func NewCollector(m *maps.Maps) *Collector {
 			"Management connections the agent dropped without an answer, by reason (docs/security.md, Management channel).", []string{"reason"}, nil),
 		help: prometheus.NewDesc("xdpagg_agent_help_total",
 			"iSwitch's Help (a worker asks for a lost result): requests, cache hits, and the job's members asked and answering (docs/protocol.md, HELP).", []string{"outcome"}, nil),
+		spCache: prometheus.NewDesc("xdpagg_agent_sparse_cache_total",
+			"The switch CPU's copy of sparse updates: packets stored, evicted and not stored (late), sparse RETRANSMIT requests, hits and misses, packets sent (docs/sparse.md).", []string{"outcome"}, nil),
 		scrapeOK: prometheus.NewDesc("xdpagg_switch_scrape_ok", "1 if the maps could be read.", nil, nil),
 		recirc: prometheus.NewDesc("xdpagg_switch_recirculation_packets",
 			"Hot (sparse) packets by the passes through the pipeline they took: 0 for empty markers, k for k-1 recirculations.", []string{"passes"}, nil),
@@ -79,7 +82,7 @@ func (c *Collector) WithMgmt(s *mgmt.Server) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.mgmtBad, c.help, c.scrapeOK,
+	for _, d := range []*prometheus.Desc{c.packets, c.slots, c.pool, c.members, c.jobs, c.rejected, c.mgmtBad, c.help, c.spCache, c.scrapeOK,
 		c.recirc, c.sparseIter, c.sparseVer, c.sparseFill, c.sparseReady} {
 		ch <- d
 	}
@@ -141,6 +144,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, o := range c.ctrl.HelpStats().outcomes() {
 			ch <- prometheus.MustNewConstMetric(c.help, prometheus.CounterValue, float64(o.n), o.label)
+		}
+		for _, o := range c.ctrl.SparseCacheStats().outcomes() {
+			ch <- prometheus.MustNewConstMetric(c.spCache, prometheus.CounterValue, float64(o.n), o.label)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.scrapeOK, prometheus.GaugeValue, ok)

@@ -235,7 +235,7 @@ func decode(b []byte, v any) error {
 }
 
 // Snapshot reads the jobs (with their keys) and members; ScopeAll adds every slot in use, sparse
-// jobs' registers and iteration records, and the retransmit cache. Slots and records are read
+// X and records are read
 // under their spin locks, one at a time: the snapshot of a switch still running is each value
 // at some moment, not the whole switch at one moment (the controller drains a switch first
 // where it needs the latter).
@@ -289,6 +289,9 @@ func (g *Manager) Snapshot(scope mgmt.Scope) (*mgmt.Snapshot, error) {
 	}
 	if g.ctrl.cache != nil {
 		s.Cache = g.ctrl.cache.Export()
+	}
+	if g.ctrl.sparse != nil {
+		s.Cache = append(s.Cache, g.ctrl.sparse.Export()...) // told apart by their encoding
 	}
 	return s, nil
 }
@@ -351,7 +354,7 @@ func (g *Manager) snapshotSparse(s *mgmt.Snapshot, j maps.Job) error {
 // the same names (worker ids bound here already keep their bindings), its slots written into the
 // same indexes where those are free here (ages kept: their timestamps are rebased on this
 // switch's datapath clock), sparse registers and records where the job has none here yet (both
-// iteration records empty), and cached results. What belongs to a job admitted here with another
+// iteration records empty), and cached results and sparse updates. What belongs to a job admitted here with another
 // key, and slots this switch uses, are skipped and counted. A snapshot of another pool size or
 // register array count, naming a port this switch does not have, or giving a job a threshold
 // beyond its workers, is refused with mgmt.ErrIncompatible before anything is written.
@@ -403,7 +406,7 @@ func (g *Manager) Restore(s *mgmt.Snapshot) (mgmt.RestoreStats, error) {
 	if err := g.restoreSparse(s, ours, &st); err != nil {
 		return st, err
 	}
-	if g.ctrl.cache != nil {
+	if g.ctrl.cache != nil || g.ctrl.sparse != nil {
 		now := time.Now()
 		for _, rec := range s.Cache {
 			if len(rec) < wire.HdrSize {
@@ -412,7 +415,7 @@ func (g *Manager) Restore(s *mgmt.Snapshot) (mgmt.RestoreStats, error) {
 			}
 			var h wire.Header
 			wire.DecodeHeader(rec, &h)
-			if _, ok := ours[h.JobId]; !ok || g.ctrl.cache.Store(rec, now) != nil {
+			if _, ok := ours[h.JobId]; !ok || g.ctrl.storeResult(rec, now) != nil {
 				st.Skipped++
 				continue
 			}

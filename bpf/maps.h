@@ -10,7 +10,7 @@
 volatile const __u16 agg_port = XAGG_DEFAULT_PORT;  /* UDP port of xdpagg traffic, host order */
 volatile const __u32 pool_size = 1;                 /* slots in `slots`; agg_index must be below */
 volatile const __u64 slot_timeout_ns = 5000000000ULL; /* idle age after which any slot may be taken by anyone */
-volatile const __u32 cache_results = 0; /* nonzero: copy every completed sum to `results` (agent's retransmit cache) */
+volatile const __u32 cache_results = 0; /* nonzero: copy every completed sum and sparse update to `results` (agent's retransmit cache) */
 volatile const __u64 port_rate_Bps = 0;     /* ports' capacity for the ECN phantom queue, bytes/s; 0: no marking */
 volatile const __u64 ecn_threshold_bytes = 65536; /* phantom backlog above which DATA is marked F_ECN */
 volatile const __u32 source_check = 1; /* nonzero: strict uRPF on every port (docs/security.md) */
@@ -104,8 +104,8 @@ struct {
 	__type(value, struct ctl_bucket);
 } ctl_budget SEC(".maps");
 
-/* Completed in-switch sums for the agent's retransmit cache (when cache_results is set): records
- * of struct result_rec (header little-endian as on the wire). */
+/* Completed in-switch sums and the PS's sparse updates for the agent's retransmit cache (when
+ * cache_results is set): records of struct result_rec (header little-endian as on the wire). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, XAGG_RESULTS_RING);

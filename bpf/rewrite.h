@@ -70,15 +70,16 @@ static __always_inline int broadcast(struct counters *ctr)
 	return (int)r;
 }
 
-/* Copy the result in the packet (header + n values) to the agent's retransmit cache. */
-static __always_inline void cache_result(struct xdp_md *ctx, struct counters *ctr, __u32 n)
+/* Copy the result in the packet (its xdpagg header and the len - sizeof(struct hdr) bytes after
+ * it: a dense sum's values, or a sparse update's sparse header and sums or pairs) to the agent's
+ * retransmit cache. */
+static __always_inline void cache_result(struct xdp_md *ctx, struct counters *ctr, __u64 len)
 {
 	struct result_rec *rec = bpf_ringbuf_reserve(&results, sizeof(*rec), 0);
 	if (!rec) {
 		count(ctr, CNT_CACHE_FULL);
 		return;
 	}
-	__u64 len = sizeof(struct hdr) + (__u64)n * 4;
 	asm volatile("" : "+r"(len));
 	if (len < sizeof(struct hdr) + 4 || len > sizeof(*rec) ||
 	    bpf_xdp_load_bytes(ctx, OFF_HDR, rec, len)) {

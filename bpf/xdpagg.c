@@ -544,7 +544,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH);
 	q.udp->check = 0; /* payload changed; egress zeroes it too, but a result must be valid anywhere */
 	if (cache_results)
-		cache_result(ctx, ctr, n);
+		cache_result(ctx, ctr, sizeof(struct hdr) + (__u64)n * 4);
 	count(ctr, CNT_AGGREGATED);
 	count(ctr, CNT_COMPLETED);
 	if (out_flags & F_OVERFLOW)
@@ -575,7 +575,10 @@ static __always_inline int handle_result(struct xdp_md *ctx, struct counters *ct
 		return XDP_DROP;
 	}
 	if (h->encoding == ENC_SPARSE_COLD || h->encoding == ENC_SPARSE_HOT) {
-		/* A sparse update: no slot is involved. */
+		/* A sparse update: no slot is involved. The switch CPU keeps a copy of it too, for
+		 * the members that lose it (Libra's copy of the hot parameters' results). */
+		if (cache_results)
+			cache_result(ctx, ctr, bpf_ntohs(p->udp->len) - sizeof(struct udphdr));
 		count(ctr, CNT_PS_RESULT);
 		return broadcast(ctr);
 	}

@@ -471,8 +471,10 @@ struct gc_args {
 /*
  * A completed in-switch sum as copied to the `results` ring buffer for the agent's retransmit
  * cache (Libra's switch-CPU copy): the result's xdpagg header (little-endian, as on the wire:
- * type MSG_RESULT, flags with F_FROM_SWITCH) and its first hdr.count values. Fixed size; the
- * tail past count is undefined.
+ * type MSG_RESULT, flags with F_FROM_SWITCH) and its first hdr.count values. A sparse update
+ * packet from the PS (ENC_SPARSE_HOT, ENC_SPARSE_COLD) is copied the same way: its header, struct
+ * sparse_hdr and hdr.count sums or pairs (at most 3,360 bytes, which vals holds). Fixed size; the
+ * tail past the packet is undefined.
  */
 struct result_rec {
 	struct hdr h;
@@ -582,8 +584,8 @@ enum counter {
 	CNT_CONTROL,         /* control messages passed up to the agent */
 	CNT_NOT_MEMBER,      /* DATA from a non-member or with a spoofed id/bit, RESULTs not from the job's PS: dropped */
 	CNT_FLUSHED,         /* resends that flushed a half-filled slot's partial aggregate to the PS (ATP) */
-	CNT_CACHED,          /* completed sums copied to the agent's retransmit cache (ring buffer) */
-	CNT_CACHE_FULL,      /* completed sums the ring buffer had no room for */
+	CNT_CACHED,          /* completed sums and sparse update packets copied to the agent's retransmit cache (ring buffer) */
+	CNT_CACHE_FULL,      /* completed sums (and sparse update packets) the ring buffer had no room for */
 	CNT_ECN_MARKED,      /* DATA that arrived while its port's phantom queue was over the threshold: F_ECN set */
 	CNT_SPOOFED,         /* IPv4 or ARP frames whose source the port may not send (strict uRPF): dropped */
 	CNT_IP_INVALID,      /* frames to the xdpagg port with IP options, as fragments, or with a bad IPv4 checksum: dropped */

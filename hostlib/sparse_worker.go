@@ -55,6 +55,8 @@ type SparseWorkerConfig struct {
 	// Timeout is the first retransmit timeout (default 100ms: an iteration's update needs
 	// every worker's packets and the PS's merge, milliseconds for thousands of keys), doubling
 	// up to 8x; MaxRetries resends of an iteration before Step fails with ErrTimeout (default 50).
+	// After a Join, each resend is preceded by a timeout's wait for the update packets asked of
+	// the switch agent's copy (a sparse MSG_RETRANSMIT), cut short by its miss.
 	Timeout    time.Duration
 	MaxRetries int
 	// JobKey is the job's control key, for Join (ctlauth.KeySize bytes).
@@ -131,9 +133,15 @@ type SparseStats struct {
 	ColdPackets uint64
 	Resends     uint64 // iterations resent after a timeout
 	Stale       uint64 // update packets of other iterations, or duplicates
-	Foreign     uint64 // datagrams from anyone but the PS
-	HotVersion  uint32 // the hot set in use: its version and keys (0, 0: none)
-	HotKeys     int
+	Foreign     uint64 // datagrams from anyone but the PS (and, after a Join, the switch agent)
+	// The switch CPU's copy of updates (after a Join): sparse MSG_RETRANSMITs sent, update
+	// packets they brought (F_CACHED, counted once each, in the update), and requests the agent
+	// answered with a miss (the iteration was then resent to the PS at once).
+	CacheRequests  uint64
+	CacheRecovered uint64
+	CacheMisses    uint64
+	HotVersion     uint32 // the hot set in use: its version and keys (0, 0: none)
+	HotKeys        int
 }
 
 // SparseWorker is one worker of a sparse job. Its methods must not be called concurrently.
@@ -144,8 +152,13 @@ type SparseWorker struct {
 	bound   int64 // largest |fixed-point value| a hot pair may carry: W of them never overflow int32
 	st      struct {
 		iterations, hotPairs, coldPairs, hotPackets, coldPackets, resends, stale, foreign atomic.Uint64
+		cacheRequests, cacheRecovered, cacheMisses                                        atomic.Uint64
 	}
 	rbuf []byte
+	// agent is the switch agent this worker joined (invalid before a Join): lost update packets
+	// are asked of its copy, and its answers (cached packets, a sealed miss) accepted from it.
+	agent       netip.AddrPort
+	agentReplay ctlauth.Replay[netip.AddrPort]
 }
 
 // NewSparseWorker binds the worker's socket.
@@ -180,7 +193,8 @@ func (w *SparseWorker) Stats() SparseStats {
 	}
 	return SparseStats{Iterations: w.st.iterations.Load(), HotPairs: w.st.hotPairs.Load(), ColdPairs: w.st.coldPairs.Load(),
 		HotPackets: w.st.hotPackets.Load(), ColdPackets: w.st.coldPackets.Load(), Resends: w.st.resends.Load(),
-		Stale: w.st.stale.Load(), Foreign: w.st.foreign.Load(), HotVersion: version, HotKeys: w.cfg.Hot.Len()}
+		Stale: w.st.stale.Load(), Foreign: w.st.foreign.Load(), CacheRequests: w.st.cacheRequests.Load(),
+		CacheRecovered: w.st.cacheRecovered.Load(), CacheMisses: w.st.cacheMisses.Load(), HotVersion: version, HotKeys: w.cfg.Hot.Len()}
 }
 
 // SetHot replaces the hot set from the next Step on (a hot-set swap: every worker, the PS and the
@@ -188,13 +202,13 @@ func (w *SparseWorker) Stats() SparseStats {
 func (w *SparseWorker) SetHot(h *sparse.HotSet) { w.cfg.Hot = h }
 
 // Join registers this worker with the switch's agent (as Worker.Join does), so the switch
-// forwards the PS's updates to it. Synchronous: Step must not run meanwhile.
+// forwards the PS's updates to it; from then on update packets it misses are asked of the
+// agent's copy before the iteration is resent to the PS. Synchronous: Step must not run meanwhile.
 func (w *SparseWorker) Join(ctx context.Context, sw netip.AddrPort, mac net.HardwareAddr) error {
 	msg, nonce, sw, err := controlRequest(wire.MsgJoin, w.cfg.JobID, w.cfg.WorkerID, w.cfg.NumWorkers, w.cfg.JobKey, sw, mac, ctlExtra{})
 	if err != nil {
 		return err
 	}
-	var replay ctlauth.Replay[netip.AddrPort]
 	wait := 50 * time.Millisecond
 	for {
 		pkt, err := ctlauth.Seal(w.cfg.JobKey, slices.Clone(msg), w.stamper.Next())
@@ -231,9 +245,10 @@ func (w *SparseWorker) Join(ctx context.Context, sw netip.AddrPort, mac net.Hard
 			if a.Type != wire.MsgAck || a.JobId != w.cfg.JobID || a.WorkerId != w.cfg.WorkerID || a.Seq != nonce {
 				continue
 			}
-			if replay.Check(sw, stamp) != nil {
+			if w.agentReplay.Check(sw, stamp) != nil {
 				continue
 			}
+			w.agent = sw
 			return nil
 		}
 		wait = min(2*wait, time.Second)
@@ -278,6 +293,7 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 		npkts   = -1
 		rto     = w.cfg.Timeout
 		retries int
+		asked   bool // the agent's copy was asked since the last resend
 	)
 	deadline := time.Now().Add(rto)
 	for {
@@ -298,7 +314,18 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 			if retries >= w.cfg.MaxRetries {
 				return Update{}, fmt.Errorf("%w: iteration %d: no complete update after %d resends", ErrTimeout, iter, retries)
 			}
+			if w.agent.IsValid() && !asked {
+				// Ask the switch CPU's copy for what is missing first (Libra §3.6): the
+				// PS and the other workers are spared a resend when only the update was lost.
+				asked = true
+				if err := w.askAgent(iter, got, npkts); err != nil {
+					return Update{}, err
+				}
+				deadline = time.Now().Add(rto)
+				continue
+			}
 			// Resend everything: the switch and the PS drop what they already have.
+			asked = false
 			retries++
 			w.st.resends.Add(1)
 			for _, p := range it.pkts {
@@ -311,11 +338,21 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 			deadline = time.Now().Add(rto)
 			continue
 		}
-		if from.Addr().Unmap() != w.cfg.PS.Addr() || from.Port() != w.cfg.PS.Port() {
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		b := w.rbuf[:n]
+		fromAgent := w.agent.IsValid() && from == w.agent
+		if from != w.cfg.PS && !fromAgent {
 			w.st.foreign.Add(1)
 			continue
 		}
-		b := w.rbuf[:n]
+		if fromAgent && len(b) > wire.OffType && b[wire.OffType] == wire.MsgAck {
+			if w.agentMiss(b, iter) {
+				deadline = time.Now() // resend to the PS now
+			} else {
+				w.st.stale.Add(1) // a miss of an earlier request (or not the agent's)
+			}
+			continue
+		}
 		h, rest, err := wire.ParsePacket(b)
 		if err != nil || h.Type != wire.MsgResult || (h.Encoding != wire.EncSparseCold && h.Encoding != wire.EncSparseHot) || h.JobId != w.cfg.JobID {
 			w.st.foreign.Add(1)
@@ -348,6 +385,9 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 		}
 		got[h.AggIndex] = updatePkt{enc: h.Encoding, first: h.Bitmap1,
 			data: slices.Clone(rest[wire.SparseHdrSize : wire.SparseHdrSize+psize*int(h.Count)])}
+		if fromAgent && h.Flags&wire.FlagCached != 0 {
+			w.st.cacheRecovered.Add(1)
+		}
 		if len(got) == npkts {
 			break
 		}
@@ -382,6 +422,67 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 	}
 	w.st.iterations.Add(1)
 	return up, nil
+}
+
+// sparseAskMax bounds the sparse MSG_RETRANSMITs one timeout sends (32 packets each).
+const sparseAskMax = 8
+
+// askAgent asks the switch agent for the update packets of iter this worker lacks (got holds
+// those it has, of npkts; npkts < 0: none yet, so it asks for the first 32): one sealed
+// MSG_RETRANSMIT (encoding ENC_SPARSE_HOT) per run of up to 32 packets from the first missing
+// one on, agg_index that first one, bitmap0 which of the 32 (docs/protocol.md).
+func (w *SparseWorker) askAgent(iter uint32, got map[uint32]updatePkt, npkts int) error {
+	ask := func(first, mask uint32) error {
+		h := wire.Header{Version: wire.Version, Type: wire.MsgRetransmit, Encoding: wire.EncSparseHot, JobId: w.cfg.JobID,
+			Seq: iter, AggIndex: first, Bitmap0: mask, WorkerId: w.cfg.WorkerID}
+		pkt, err := ctlauth.Seal(w.cfg.JobKey, wire.AppendHeader(nil, &h), w.stamper.Next())
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		w.st.cacheRequests.Add(1)
+		_, _ = w.conn.WriteToUDPAddrPort(pkt, w.agent) // a lost request: the next timeout resends to the PS
+		return nil
+	}
+	if npkts < 0 {
+		return ask(0, math.MaxUint32)
+	}
+	sent := 0
+	for i := uint32(0); int(i) < npkts && sent < sparseAskMax; i++ {
+		if _, ok := got[i]; ok {
+			continue
+		}
+		var mask uint32
+		for b := uint32(0); b < 32 && int(i+b) < npkts; b++ {
+			if _, ok := got[i+b]; !ok {
+				mask |= 1 << b
+			}
+		}
+		if err := ask(i, mask); err != nil {
+			return err
+		}
+		sent++
+		i += 31
+	}
+	return nil
+}
+
+// agentMiss reports whether b, an ACK from the switch agent's address, is its authenticated answer that it has
+// none of the update packets of iter asked for (a sealed MSG_ACK of iter).
+func (w *SparseWorker) agentMiss(b []byte, iter uint32) bool {
+	if len(b) != wire.HdrSize+ctlauth.TrailerSize {
+		return false
+	}
+	m, stamp, err := ctlauth.Open(w.cfg.JobKey, b)
+	if err != nil {
+		return false
+	}
+	var h wire.Header
+	wire.DecodeHeader(m, &h)
+	if h.JobId != w.cfg.JobID || h.WorkerId != w.cfg.WorkerID || h.Seq != iter || w.agentReplay.Check(w.agent, stamp) != nil {
+		return false
+	}
+	w.st.cacheMisses.Add(1)
+	return true
 }
 
 // build splits an iteration's gradients into hot packets for the switch (with an empty marker

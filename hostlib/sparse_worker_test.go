@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -103,5 +105,82 @@ func TestSparseWorkerJoin(t *testing.T) {
 	defer w.Close()
 	if err := w.Join(context.Background(), netip.AddrPortFrom(loopback, 9510), testMAC); !errors.Is(err, ErrConfig) {
 		t.Errorf("Join without a key: %v, want ErrConfig", err)
+	}
+}
+
+// coldUpdate is packet index of a two-packet sparse update of job 3's iteration iter: one cold
+// pair <key index, value index + 1>.
+func coldUpdate(iter, index uint32, flags uint16) []byte {
+	b := make([]byte, wire.HdrSize+wire.SparseHdrSize+wire.ColdPairSize)
+	wire.EncodeHeader(b, &wire.Header{Version: wire.Version, Type: wire.MsgResult, Encoding: wire.EncSparseCold, Flags: flags, Count: 1,
+		JobId: 3, Seq: iter, AggIndex: index, Bitmap0: 1, FanIn0: 1})
+	wire.EncodeSparseHeader(b[wire.HdrSize:], &wire.SparseHeader{Npkts: 2})
+	wire.PutCold(b[wire.HdrSize+wire.SparseHdrSize:], 0, uint64(index), math.Float32bits(float32(index+1)))
+	return b
+}
+
+// A joined SparseWorker that lacks update packets asks the switch agent for exactly those (a
+// sealed MSG_RETRANSMIT, encoding ENC_SPARSE_HOT) and takes the agent's F_CACHED copies; on the
+// agent's miss it resends its iteration to the PS. Here the PS sends only packet 0 of iteration
+// 1 and answers nothing but a resend in iteration 2, so iteration 1 completes only through the
+// agent and iteration 2 only through the resend.
+func TestSparseWorkerAsksAgent(t *testing.T) {
+	key := testKey(t)
+	var stamps ctlauth.Stamper
+	agent := newFakeAgent(t, key, nil, func(h wire.Header) []byte {
+		switch {
+		case h.Type == wire.MsgRetransmit && h.Seq == 1 && h.Encoding == wire.EncSparseHot && h.AggIndex == 1 && h.Bitmap0 == 1:
+			return coldUpdate(1, 1, wire.FlagCached)
+		case h.Type == wire.MsgRetransmit && h.Seq == 1:
+			return nil // not what the worker lacks: no answer, so the test fails on its counters
+		}
+		return ackOf(t, key, h, h.Seq, h.WorkerId, stamps.Next()) // the Join's ACK, and the miss of iteration 2
+	})
+	ps := listenOn(t, "127.0.0.1", 0)
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := ps.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			var h wire.Header
+			wire.DecodeHeader(buf[:n], &h)
+			switch {
+			case h.Seq == 1 && h.Flags&wire.FlagResend == 0:
+				_, _ = ps.WriteToUDPAddrPort(coldUpdate(1, 0, 0), from)
+			case h.Seq == 2 && h.Flags&wire.FlagResend != 0:
+				_, _ = ps.WriteToUDPAddrPort(coldUpdate(2, 0, 0), from)
+				_, _ = ps.WriteToUDPAddrPort(coldUpdate(2, 1, 0), from)
+			}
+		}
+	}()
+	w, err := NewSparseWorker(SparseWorkerConfig{JobID: 3, NumWorkers: 1, Local: netip.AddrPortFrom(loopback, 0), PS: connAddr(ps), JobKey: key,
+		Timeout: 20 * time.Millisecond, MaxRetries: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
+	defer cancel()
+	if err := w.Join(ctx, agent.addr(), testMAC); err != nil {
+		t.Fatal(err)
+	}
+	for iter := uint32(1); iter <= 2; iter++ {
+		up, err := w.Step(ctx, iter, []uint64{7}, []float32{1})
+		if err != nil {
+			t.Fatalf("iteration %d: %v", iter, err)
+		}
+		if !slices.Equal(up.Keys, []uint64{0, 1}) || !slices.Equal(up.Vals, []float32{1, 2}) {
+			t.Errorf("iteration %d: update %+v", iter, up)
+		}
+	}
+	st := w.Stats()
+	if st.CacheRecovered != 1 || st.CacheRequests < 2 || st.CacheMisses < 1 || st.Resends < 1 {
+		t.Errorf("stats %+v: want 1 packet recovered from the agent, and a miss answered by a resend", st)
+	}
+	msgs, _, _, unauth := agent.received()
+	if unauth != 0 || msgs[1].Type != wire.MsgRetransmit || msgs[1].Encoding != wire.EncSparseHot || msgs[1].WorkerId != 0 {
+		t.Errorf("the agent got %+v (%d unauthenticated)", msgs, unauth)
 	}
 }

@@ -103,7 +103,7 @@ type Snapshot struct {
 	Members  []Member  `json:"members"`
 	Slots    []Slot    `json:"slots,omitempty"`
 	Sparse   []Raw     `json:"sparse,omitempty"`
-	Cache    [][]byte  `json:"cache,omitempty"` // struct result_rec records of the retransmit cache
+	Cache    [][]byte  `json:"cache,omitempty"` // struct result_rec records of the retransmit cache, and sparse update packets of the sparse one
 	Draining bool      `json:"draining"`        // the switch was drained before this was read
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/xdpagg/xdpagg/agent"
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
+	"github.com/xdpagg/xdpagg/maps"
 	"github.com/xdpagg/xdpagg/netns_tests/topo"
 )
 
@@ -57,6 +58,7 @@ type inspectOut struct {
 		EvictedAcked                  uint64 `json:"evicted_acked"`
 		Acks                          uint64 `json:"acks"`
 	} `json:"retransmit_cache"`
+	Sparse []maps.SparseState `json:"sparse"`
 }
 
 func inspect(t *testing.T, bin, pinRoot string) inspectOut {

@@ -147,6 +147,19 @@ func runFailoverJob(t *testing.T, job uint32, degrade string, extra int) (*failo
 // and joins its workers with the key the controller wrote for the hosts.
 func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *runningJob {
 	t.Helper()
+	key := e.admittedKey(t)
+	a := &agentEnv{bin: e.bin, tp: e.tp, sw: e.primary, pool: failoverPool}
+	spec := jobSpec{id: id, hosts: e.hosts}
+	a.startPS(ctx, t, spec)
+	spec.key = key
+	j := a.startJob(ctx, t, spec)
+	e.waitMirrored(t, len(j.hosts))
+	return j
+}
+
+// admittedKey waits for the controller to admit the job on both switches and returns its key.
+func (e *failoverEnv) admittedKey(t *testing.T) []byte {
+	t.Helper()
 	v := e.waitView(t, "job admitted on both switches", 30*time.Second, func(v controller.View) bool {
 		return len(v.Jobs) == 1 && v.Jobs[0].Admitted["sw-a"] && v.Jobs[0].Admitted["sw-b"]
 	})
@@ -158,15 +171,16 @@ func (e *failoverEnv) startJob(ctx context.Context, t *testing.T, id uint32) *ru
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agentEnv{bin: e.bin, tp: e.tp, sw: e.primary, pool: failoverPool}
-	spec := jobSpec{id: id, hosts: e.hosts}
-	a.startPS(ctx, t, spec)
-	spec.key = key
-	j := a.startJob(ctx, t, spec)
+	return key
+}
+
+// waitMirrored waits for the controller's replica to hold every one of the job's members and to
+// be mirrored onto the standby.
+func (e *failoverEnv) waitMirrored(t *testing.T, members int) {
+	t.Helper()
 	e.waitView(t, "the replica holding every member, mirrored onto the standby", 30*time.Second, func(v controller.View) bool {
-		return len(v.Groups) == 1 && len(v.Groups[0].Members) == len(j.hosts) && v.Groups[0].Hot && !v.Groups[0].Mirrored.Before(v.Groups[0].ReplicaTaken)
+		return len(v.Groups) == 1 && len(v.Groups[0].Members) == members && v.Groups[0].Hot && !v.Groups[0].Mirrored.Before(v.Groups[0].ReplicaTaken)
 	})
-	return j
 }
 
 // runAcross runs verified allreduces on j until stop closes, then three more, and returns when
