@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,10 +10,12 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdpagg/xdpagg/bpf"
 	"github.com/xdpagg/xdpagg/maps"
@@ -736,16 +739,38 @@ func listenMgmt(addr string, key []byte, h mgmt.Handler, ctrl *ControlServer, lo
 	if host != "" && ip == nil {
 		return nil, nil, fmt.Errorf("%w: management address %q: give an IP address, not a name", ErrConfig, addr)
 	}
+	var lc net.ListenConfig
 	if ip == nil || ip.IsUnspecified() {
+		// Every interface, the switch ports too: only the controller key keeps hosts behind the
+		// ports out (docs/operations.md says so; give the management address instead).
 		ctrl.SetHeartbeatInterfaces(true)
 	} else {
 		ifindex, err := interfaceOf(ip)
 		if err != nil {
 			return nil, nil, err
 		}
+		if _, port := ctrl.ports[ifindex]; port {
+			return nil, nil, fmt.Errorf("%w: management address %v is on switch port ifindex %d: give the address of an interface on the management network, not an --iface port (a drain takes the ports down)", ErrConfig, ip, ifindex)
+		}
+		ifc, err := net.InterfaceByIndex(ifindex)
+		if err != nil {
+			return nil, nil, fmt.Errorf("management interface %d: %w", ifindex, err)
+		}
 		ctrl.SetHeartbeatInterfaces(false, ifindex)
+		// Bound to the management interface: Linux would otherwise take a connection to this
+		// address arriving on any interface (the weak host model), a switch port included, so a
+		// host behind a port could reach the channel. Bound, such a SYN finds no listener.
+		lc.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifc.Name)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: management address %q: %w", ErrConfig, addr, err)
 	}

@@ -103,6 +103,18 @@ func TestMgmtChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// A host behind a switch port has a route to the management address (through its gateway,
+	// the switch), but the channel is bound to the management interface: no connection.
+	if err := a.tp.InHost(a.tp.Workers[0], func() error {
+		conn, err := net.DialTimeout("tcp", mgmtAddr.String(), 3*time.Second)
+		if err == nil {
+			conn.Close()
+			return fmt.Errorf("connected from %v", conn.LocalAddr())
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("a host behind a switch port reached the management channel at %v: %v", mgmtAddr, err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Each call connects from the controller namespace.
