@@ -737,3 +737,45 @@ func TestSetThresholdAndFBcastMessages(t *testing.T) {
 		t.Errorf("FBCAST %+v body %x, want seq 21 slot %d", h, bodies[1], AggIndex(9, 21, 8, 64))
 	}
 }
+
+// TestControlCallBesideAllReduce: a control call made while the worker's AllReduce runs (a Halt
+// stopping it, a SetH or FBcast of an asynchronous job) completes on the agent's first ACK. The
+// agent here acknowledges each request once and ignores its resends, so a call that missed its
+// ACK (AllReduce took the receive goroutine's wake-up, which both once waited on) would run out
+// its context; every one of many calls must complete. Nothing here depends on timing but the
+// hang guard.
+func TestControlCallBesideAllReduce(t *testing.T) {
+	key := testKey(t)
+	var stamps ctlauth.Stamper
+	var mu sync.Mutex
+	acked := map[uint32]bool{}
+	a := newFakeAgent(t, key, nil, func(h wire.Header) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		if h.Type != wire.MsgJoin && acked[h.Seq] {
+			return nil // a resend: its ACK went out already
+		}
+		acked[h.Seq] = true
+		return ackOf(t, key, h, h.Seq, h.WorkerId, stamps.Next())
+	})
+	w := newKeyedWorker(t, WorkerConfig{JobID: 4, NumWorkers: 2, WorkerID: 1, JobKey: key, Timeout: time.Second})
+	if err := w.Join(context.Background(), a.addr(), testMAC); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	reduced := make(chan error, 1)
+	go func() { reduced <- w.AllReduce(ctx, make([]float32, 1<<16)) }() // the PS never answers
+	waitFor(t, func() bool { return w.Stats().DataSent > 0 })
+	for i := range 50 {
+		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute) // hang guard
+		err := w.SetThreshold(cctx, a.addr(), uint8(1+i%2))
+		ccancel()
+		if err != nil {
+			t.Fatalf("call %d beside a running AllReduce: %v", i, err)
+		}
+	}
+	cancel()
+	if err := <-reduced; !errors.Is(err, context.Canceled) {
+		t.Fatalf("AllReduce: %v, want context.Canceled", err)
+	}
+}
