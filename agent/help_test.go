@@ -28,6 +28,18 @@ func helpAnswer(t *testing.T, key []byte, res wire.Header, worker uint8, total, 
 	return seal(t, key, b)
 }
 
+// twoMembers joins workers 0 (127.0.0.1, behind testPort) and 1 (127.0.0.3, behind testPort2) of
+// testJob.
+func (ct *ctlTest) twoMembers(t *testing.T) (w0, w1 *worker) {
+	t.Helper()
+	w0, w1 = newWorker(t), newWorkerAt(t, "127.0.0.3")
+	accept(t, ct.c, join(t, ct.key, 1, 0), testPort, w0.addr)
+	w0.readAck(t, ct.key)
+	accept(t, ct.c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
+	w1.readAck(t, ct.key)
+	return w0, w1
+}
+
 // readRaw reads one datagram from the worker's socket.
 func (w *worker) readRaw(t *testing.T) []byte {
 	t.Helper()
@@ -46,12 +58,8 @@ func TestHandleHelp(t *testing.T) {
 	c := ct.c
 	cache := NewResultCache(time.Minute, 100)
 	c.SetCache(cache)
-	w0, w1, w2 := newWorker(t), newWorkerAt(t, "127.0.0.3"), newWorkerAt(t, "127.0.0.4")
-	outsider := newWorkerAt(t, "127.0.0.2")
-	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
-	w0.readAck(t, ct.key)
-	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
-	w1.readAck(t, ct.key)
+	w0, w1 := ct.twoMembers(t)
+	w2, outsider := newWorkerAt(t, "127.0.0.4"), newWorkerAt(t, "127.0.0.2")
 	// Worker 2 is a member of the other job only (behind testPort2 as well).
 	accept(t, c, sealed(t, ct.otherKey, hdr(msgJoin, otherJob, 3, 2), joinBody(workerMAC, otherPS.Addr())), testPort2, w2.addr)
 	w2.readAck(t, ct.otherKey)
@@ -190,11 +198,7 @@ func TestHandleHelp(t *testing.T) {
 func TestHandleHelpWithoutCache(t *testing.T) {
 	ct := newCtlTest(t)
 	c := ct.c
-	w0, w1 := newWorker(t), newWorkerAt(t, "127.0.0.3")
-	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
-	w0.readAck(t, ct.key)
-	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
-	w1.readAck(t, ct.key)
+	w0, w1 := ct.twoMembers(t)
 
 	for range 2 {
 		accept(t, c, rtx(t, ct.key, 7, 0), testPort, w0.addr)
@@ -235,11 +239,7 @@ func TestHandleHelpWithoutCache(t *testing.T) {
 func TestHandleHelpIncomplete(t *testing.T) {
 	ct := newCtlTest(t)
 	c, m := ct.c, ct.sw.Maps
-	w0, w1 := newWorker(t), newWorkerAt(t, "127.0.0.3")
-	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
-	w0.readAck(t, ct.key)
-	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
-	w1.readAck(t, ct.key)
+	w0, w1 := ct.twoMembers(t)
 	const idx = 5
 	var s bpf.XdpaggSlot
 	s.JobId, s.Seq, s.State, s.FanIn, s.Nvals, s.Bitmap = testJob, 60, uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), 2, 1, 1
@@ -274,12 +274,8 @@ func TestHandleHelpIncomplete(t *testing.T) {
 func TestHelpShare(t *testing.T) {
 	ct := newCtlTest(t)
 	c := ct.c
-	w0, w1 := newWorker(t), newWorkerAt(t, "127.0.0.3")
+	w0, w1 := ct.twoMembers(t)
 	flooder := newWorkerAt(t, "127.0.0.2") // otherJob's worker 0, a tenant with the job's key
-	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
-	w0.readAck(t, ct.key)
-	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
-	w1.readAck(t, ct.key)
 	accept(t, c, sealed(t, ct.otherKey, hdr(msgJoin, otherJob, 3, 0), joinBody(workerMAC, otherPS.Addr())), testPort2, flooder.addr)
 	flooder.readAck(t, ct.otherKey)
 
