@@ -18,6 +18,11 @@ import (
 //
 // The shadow copy in the slot answers most losses too; the cache still answers after the slot
 // was taken by another fragment or job, and it answers without touching the data path.
+//
+// Its size limit is shared fairly among jobs: a result over the limit pushes out the oldest
+// result of the job holding the most (the storing job's own on a tie), so a job whose results
+// go unacknowledged (a tenant that never ACKs, or floods sums of its own) evicts its own, and a
+// job holding no more than the others never loses a result to another job's.
 type ResultCache struct {
 	mu      sync.Mutex
 	maxAge  time.Duration
@@ -49,6 +54,18 @@ func (q *keyQueue) front(entries map[cacheKey]*cacheEntry) (cacheKey, *cacheEntr
 	return cacheKey{}, nil, false
 }
 
+// compact drops the keys no longer in entries, keeping the others in order.
+func (q *keyQueue) compact(entries map[cacheKey]*cacheEntry) {
+	live := q.keys[:0]
+	for _, k := range q.keys[q.head:] {
+		if _, ok := entries[k]; ok {
+			live = append(live, k)
+		}
+	}
+	clear(q.keys[len(live):])
+	q.keys, q.head = live, 0
+}
+
 func (q *keyQueue) pop() {
 	q.head++
 	if q.head > 64 && q.head*2 > len(q.keys) { // compact: keep the backing array bounded
@@ -71,6 +88,7 @@ type cacheEntry struct {
 type jobAcks struct {
 	upTo  map[uint8]uint32
 	order keyQueue
+	n     int // results of the job in the cache: its share of the size limit
 }
 
 // NewResultCache makes a cache that keeps results at most maxAge and holds at most maxEntries.
@@ -101,24 +119,32 @@ func (c *ResultCache) Store(rec []byte, now time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := cacheKey{h.JobId, h.Seq}
-	if old, ok := c.entries[k]; ok {
-		c.st.Bytes -= uint64(len(old.pkt))
-		c.st.Entries--
-	}
 	// Drop what a worker already acknowledged having (a late copy of an old result).
 	if c.ackedByAll(h.JobId, h.Seq, want) {
 		c.st.Stored++
 		c.st.EvictedAcked++
 		return nil
 	}
+	ja := c.job(h.JobId)
+	if old, ok := c.entries[k]; ok {
+		c.st.Bytes -= uint64(len(old.pkt))
+		c.st.Entries--
+	} else {
+		ja.n++
+	}
 	c.entries[k] = &cacheEntry{pkt: append([]byte(nil), rec[:n]...), want: want, at: now}
 	c.order.push(k)
-	c.job(h.JobId).order.push(k)
+	ja.order.push(k)
 	c.st.Stored++
 	c.st.Entries++
 	c.st.Bytes += uint64(n)
 	if c.maxSize > 0 && len(c.entries) > c.maxSize {
-		c.evictOldest()
+		c.evictLargest(h.JobId)
+	}
+	// Keys evicted from a job's queue stay in the age queue until they reach its front; a job's
+	// result held there (up to maxAge) must not let them pile up.
+	if q := &c.order; len(q.keys)-q.head > 2*len(c.entries)+1024 {
+		q.compact(c.entries)
 	}
 	return nil
 }
@@ -236,13 +262,23 @@ func (c *ResultCache) remove(k cacheKey, e *cacheEntry) {
 	delete(c.entries, k)
 	c.st.Entries--
 	c.st.Bytes -= uint64(len(e.pkt))
+	if ja := c.jobs[k.job]; ja != nil {
+		ja.n--
+	}
 }
 
-// evictOldest drops the oldest entry (size limit).
-func (c *ResultCache) evictOldest() {
-	if k, e, ok := c.order.front(c.entries); ok {
+// evictLargest drops the oldest result of the job holding the most, storing's own on a tie
+// (size limit): each job's results push out its own before another job's.
+func (c *ResultCache) evictLargest(storing uint32) {
+	big := c.jobs[storing]
+	for _, ja := range c.jobs {
+		if ja.n > big.n {
+			big = ja
+		}
+	}
+	if k, e, ok := big.order.front(c.entries); ok {
 		c.remove(k, e)
-		c.order.pop()
+		big.order.pop()
 		c.st.EvictedAge++
 	}
 }

@@ -216,3 +216,69 @@ func TestResultCacheKeepsForTheSlowWorker(t *testing.T) {
 		t.Fatal("still cached after every worker acknowledged it")
 	}
 }
+
+// TestResultCacheShare: a job whose results go unacknowledged (a tenant flooding sums of its own)
+// fills the cache and pushes out only its own results; another job's results stay, and that job's
+// own pushes out the flooder's until both hold an equal share, then its own oldest.
+func TestResultCacheShare(t *testing.T) {
+	const size = 100
+	c := NewResultCache(time.Minute, size)
+	now := time.Unix(1000, 0)
+	store := func(job, seq uint32) {
+		t.Helper()
+		if err := c.Store(resultRecord(t, job, seq, 0b11, int32(seq)), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const victim, flooder = 1, 2
+	for seq := range uint32(10) {
+		store(victim, seq)
+	}
+	for seq := range uint32(3000) {
+		store(flooder, seq)
+	}
+	has := func(job, seq uint32) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, ok := c.entries[cacheKey{job, seq}]
+		return ok
+	}
+	for seq := range uint32(10) {
+		if !has(victim, seq) {
+			t.Errorf("the flood evicted the victim's result %d", seq)
+		}
+	}
+	if !has(flooder, 2999) || has(flooder, 2909) {
+		t.Error("the flooder's results beyond its share are not its oldest ones evicted")
+	}
+	// The victim's oldest result, at the front of the age queue, does not let the flooder's
+	// evicted keys pile up behind it.
+	if n := len(c.order.keys) - c.order.head; n > 2*size+1024+1 {
+		t.Errorf("age queue holds %d keys for %d results", n, size)
+	}
+	// The victim stores 60 more: it takes the flooder's entries up to an equal share, then
+	// evicts its own oldest.
+	for seq := range uint32(60) {
+		store(victim, 10+seq)
+	}
+	held := func(job uint32) int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.jobs[job].n
+	}
+	if held(victim) != size/2 || held(flooder) != size/2 {
+		t.Errorf("victim holds %d, flooder %d; want %d each", held(victim), held(flooder), size/2)
+	}
+	if has(victim, 19) || !has(victim, 20) || !has(victim, 69) {
+		t.Error("the victim's results beyond an equal share are not its oldest ones evicted")
+	}
+	if st := c.Stats(); st.Entries != size || st.EvictedAge != 3070-size || st.Stored != 3070 {
+		t.Errorf("stats %+v", st)
+	}
+	// Acknowledged results leave the job's share.
+	c.Ack(victim, 0, 70)
+	c.Ack(victim, 1, 70)
+	if held(victim) != 0 || c.Stats().Entries != size/2 {
+		t.Errorf("after the victim's acknowledgements it holds %d, %+v", held(victim), c.Stats())
+	}
+}

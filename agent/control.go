@@ -100,7 +100,7 @@ type ControlServer struct {
 	// sync): a hot standby's mirror leaves them alone (Manager.Sync), as this switch took traffic.
 	joined map[workerRef]bool
 	halted map[uint32]haltNotice // jobs halted lately
-	help   map[helpKey]*helpReq  // results asked of members lately (member-assisted Help)
+	help   helpTable             // results asked of members lately (member-assisted Help)
 	keys   map[uint32]string     // job -> the key its last authentic message opened under (admission)
 
 	replySrc net.IP // destination of the message being handled (Serve's goroutine only); nil: kernel's choice
@@ -148,7 +148,7 @@ func ListenControl(port uint16, m *maps.Maps, ports map[int]net.HardwareAddr, lo
 func newControlServer(raw net.PacketConn, m *maps.Maps, ports map[int]net.HardwareAddr, log *slog.Logger) *ControlServer {
 	return &ControlServer{conn: ipv4.NewPacketConn(raw), raw: raw, maps: m, log: log, ports: ports,
 		cfg: ControlConfig{}.withDefaults(), start: time.Now(), lastSeen: map[workerRef]time.Time{}, joined: map[workerRef]bool{}, keys: map[uint32]string{}, halted: map[uint32]haltNotice{},
-		help: map[helpKey]*helpReq{}}
+		help: newHelpTable()}
 }
 
 // Close stops the server.
@@ -752,9 +752,9 @@ func (c *ControlServer) forget(drop func(job uint32) bool) {
 			delete(c.keys, j)
 		}
 	}
-	for k := range c.help {
+	for k := range c.help.reqs {
 		if drop(k.job) {
-			delete(c.help, k)
+			c.help.del(k)
 		}
 	}
 	c.sweepHelpLocked(time.Now())

@@ -29,10 +29,16 @@ const (
 	// for, and keeps a recovered result to answer the same request again (without a cache):
 	// longer than a worker retries a fragment with the default timeout (50 resends, 8 x 20 ms).
 	HelpWindow = 10 * time.Second
-	// MaxHelpPending bounds the results being asked for or recently recovered, over all jobs. A
-	// miss beyond it is not passed on to members (counted HelpStats.Full): the requester's data
-	// timer goes on as without Help.
+	// MaxHelpPending bounds the results being asked for or recently recovered, over all jobs.
+	// It is shared fairly: while it is full, a job holding fewer entries than the job holding
+	// the most takes one of that job's entries (HelpStats.Evicted), so a job flooding Help
+	// requests for its own results pushes out only its own, and every job asking keeps at least
+	// an equal share. A miss of a job holding the most already is not passed on to members
+	// (HelpStats.Full): the requester's data timer goes on as without Help.
 	MaxHelpPending = 4096
+	// helpSweepEvery is how often a full table is swept for expired entries at most: a sweep
+	// walks the whole table, which a flood of requests must not make the agent do per request.
+	helpSweepEvery = time.Second
 )
 
 // HelpStats counts what member-assisted Help did (ControlServer.HelpStats; Prometheus
@@ -46,13 +52,14 @@ type HelpStats struct {
 	Resent     uint64 // requests answered again from a result recovered earlier
 	Late       uint64 // answers for a result already recovered: dropped
 	Unanswered uint64 // results asked for that no member answered within HelpWindow
-	Full       uint64 // misses not passed on to members: MaxHelpPending outstanding
+	Full       uint64 // misses not passed on to members: MaxHelpPending outstanding, the requester's job holding the most
+	Evicted    uint64 // pending requests dropped for another job's: their job held the most of a full table
 	Incomplete uint64 // misses not passed on to members: the switch still aggregates the sum, so nobody has it
 }
 
 // helpCounters are HelpStats as the control server counts them.
 type helpCounters struct {
-	requests, cacheHits, asked, parts, recovered, resent, late, unanswered, full, incomplete atomic.Uint64
+	requests, cacheHits, asked, parts, recovered, resent, late, unanswered, full, evicted, incomplete atomic.Uint64
 }
 
 // HelpStats returns what member-assisted Help did so far.
@@ -60,7 +67,7 @@ func (c *ControlServer) HelpStats() HelpStats {
 	s := &c.helpSt
 	return HelpStats{Requests: s.requests.Load(), CacheHits: s.cacheHits.Load(), Asked: s.asked.Load(), Parts: s.parts.Load(),
 		Recovered: s.recovered.Load(), Resent: s.resent.Load(), Late: s.late.Load(), Unanswered: s.unanswered.Load(), Full: s.full.Load(),
-		Incomplete: s.incomplete.Load()}
+		Evicted: s.evicted.Load(), Incomplete: s.incomplete.Load()}
 }
 
 // helpOutcomes lists HelpStats by their metric label, in a stable order.
@@ -72,10 +79,39 @@ func (s HelpStats) outcomes() []struct {
 		label string
 		n     uint64
 	}{{"requests", s.Requests}, {"cache_hits", s.CacheHits}, {"asked", s.Asked}, {"parts", s.Parts}, {"recovered", s.Recovered},
-		{"resent", s.Resent}, {"late", s.Late}, {"unanswered", s.Unanswered}, {"full", s.Full}, {"incomplete", s.Incomplete}}
+		{"resent", s.Resent}, {"late", s.Late}, {"unanswered", s.Unanswered}, {"full", s.Full}, {"evicted", s.Evicted}, {"incomplete", s.Incomplete}}
 }
 
 type helpKey struct{ job, seq uint32 }
+
+// helpTable holds the results asked of members lately, and how many each job holds (its share
+// of MaxHelpPending). Guarded by ControlServer.mu.
+type helpTable struct {
+	reqs      map[helpKey]*helpReq
+	perJob    map[uint32]int
+	nextSweep time.Time // a full table is swept again no sooner
+}
+
+func newHelpTable() helpTable {
+	return helpTable{reqs: map[helpKey]*helpReq{}, perJob: map[uint32]int{}}
+}
+
+func (t *helpTable) put(k helpKey, r *helpReq) {
+	if _, ok := t.reqs[k]; !ok {
+		t.perJob[k.job]++
+	}
+	t.reqs[k] = r
+}
+
+func (t *helpTable) del(k helpKey) {
+	if _, ok := t.reqs[k]; !ok {
+		return
+	}
+	delete(t.reqs, k)
+	if t.perJob[k.job]--; t.perJob[k.job] <= 0 {
+		delete(t.perJob, k.job)
+	}
+}
 
 // helpWaiter is a member waiting for a result: where its Help request came from and the switch
 // address it was sent to (answers leave from there: the worker accepts results only from it).
@@ -117,7 +153,7 @@ func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.Ad
 		return false, nil
 	}
 	c.mu.Lock()
-	r := c.help[k]
+	r := c.help.reqs[k]
 	if r != nil && now.After(r.until) {
 		c.dropHelp(k, r)
 		r = nil
@@ -129,16 +165,13 @@ func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.Ad
 		return true, c.sendRecovered(pkt, []helpWaiter{w})
 	}
 	if r == nil {
-		if len(c.help) >= MaxHelpPending {
-			c.sweepHelpLocked(now)
-		}
-		if len(c.help) >= MaxHelpPending {
+		if !c.helpRoomLocked(h.JobId, now) {
 			c.mu.Unlock()
 			c.helpSt.full.Add(1)
 			return false, nil
 		}
 		r = &helpReq{until: now.Add(HelpWindow), waiters: []helpWaiter{w}}
-		c.help[k] = r
+		c.help.put(k, r)
 	} else if i := slices.IndexFunc(r.waiters, func(x helpWaiter) bool { return x.worker == w.worker }); i >= 0 {
 		// Asked again by a member already waiting: the earlier requests (or their answers)
 		// were lost, or no member had the result yet. Ask the members again.
@@ -171,7 +204,7 @@ func (c *ControlServer) helpFromMembers(h wire.Header, key []byte, from netip.Ad
 		return false, err
 	}
 	c.mu.Lock()
-	if r := c.help[k]; r != nil {
+	if r := c.help.reqs[k]; r != nil {
 		r.asked |= asked
 	}
 	c.mu.Unlock()
@@ -203,7 +236,7 @@ func (c *ControlServer) checkHelpAnswer(h wire.Header, msg []byte, now time.Time
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := c.help[helpKey{h.JobId, h.Seq}]
+	r := c.help.reqs[helpKey{h.JobId, h.Seq}]
 	if r == nil || now.After(r.until) || r.asked&(1<<h.WorkerId) == 0 {
 		return body, refuse(RejectUnsolicited, "HELP answer of job %d seq %d from worker %d, which was not asked for it", h.JobId, h.Seq, h.WorkerId)
 	}
@@ -228,7 +261,7 @@ func (c *ControlServer) takeHelpAnswer(h wire.Header, body bpf.XdpaggHelpBody, m
 	c.helpSt.parts.Add(1)
 	k := helpKey{h.JobId, h.Seq}
 	c.mu.Lock()
-	r := c.help[k]
+	r := c.help.reqs[k]
 	if r == nil || r.done { // cannot happen: checked in this goroutine just before
 		c.mu.Unlock()
 		return nil
@@ -280,7 +313,7 @@ func (c *ControlServer) sendRecovered(pkt []byte, to []helpWaiter) error {
 // sweepHelpLocked drops expired requests (counting those no member answered). Called with mu
 // held.
 func (c *ControlServer) sweepHelpLocked(now time.Time) {
-	for k, r := range c.help {
+	for k, r := range c.help.reqs {
 		if now.After(r.until) {
 			c.dropHelp(k, r)
 		}
@@ -292,5 +325,39 @@ func (c *ControlServer) dropHelp(k helpKey, r *helpReq) {
 	if !r.done {
 		c.helpSt.unanswered.Add(1)
 	}
-	delete(c.help, k)
+	c.help.del(k)
+}
+
+// helpRoomLocked makes room in the table for a new request of job, if job may have it: there is
+// room, or expired entries make some (swept at most every helpSweepEvery), or another job holds
+// more entries than job, and loses one of them. Called with mu held.
+func (c *ControlServer) helpRoomLocked(job uint32, now time.Time) bool {
+	t := &c.help
+	if len(t.reqs) < MaxHelpPending {
+		return true
+	}
+	if !now.Before(t.nextSweep) {
+		c.sweepHelpLocked(now)
+		t.nextSweep = now.Add(helpSweepEvery)
+		if len(t.reqs) < MaxHelpPending {
+			return true
+		}
+	}
+	big, most := job, t.perJob[job]
+	for j, n := range t.perJob {
+		if n > most {
+			big, most = j, n
+		}
+	}
+	if big == job {
+		return false // job holds the most: its flood costs only its own requests
+	}
+	for k := range t.reqs { // the job holding the most holds at least 1/jobs of the table
+		if k.job == big {
+			t.del(k)
+			c.helpSt.evicted.Add(1)
+			return true
+		}
+	}
+	return false
 }

@@ -28,6 +28,18 @@ func helpAnswer(t *testing.T, key []byte, res wire.Header, worker uint8, total, 
 	return seal(t, key, b)
 }
 
+// twoMembers joins workers 0 (127.0.0.1, behind testPort) and 1 (127.0.0.3, behind testPort2) of
+// testJob.
+func (ct *ctlTest) twoMembers(t *testing.T) (w0, w1 *worker) {
+	t.Helper()
+	w0, w1 = newWorker(t), newWorkerAt(t, "127.0.0.3")
+	accept(t, ct.c, join(t, ct.key, 1, 0), testPort, w0.addr)
+	w0.readAck(t, ct.key)
+	accept(t, ct.c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
+	w1.readAck(t, ct.key)
+	return w0, w1
+}
+
 // readRaw reads one datagram from the worker's socket.
 func (w *worker) readRaw(t *testing.T) []byte {
 	t.Helper()
@@ -46,12 +58,8 @@ func TestHandleHelp(t *testing.T) {
 	c := ct.c
 	cache := NewResultCache(time.Minute, 100)
 	c.SetCache(cache)
-	w0, w1, w2 := newWorker(t), newWorkerAt(t, "127.0.0.3"), newWorkerAt(t, "127.0.0.4")
-	outsider := newWorkerAt(t, "127.0.0.2")
-	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
-	w0.readAck(t, ct.key)
-	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
-	w1.readAck(t, ct.key)
+	w0, w1 := ct.twoMembers(t)
+	w2, outsider := newWorkerAt(t, "127.0.0.4"), newWorkerAt(t, "127.0.0.2")
 	// Worker 2 is a member of the other job only (behind testPort2 as well).
 	accept(t, c, sealed(t, ct.otherKey, hdr(msgJoin, otherJob, 3, 2), joinBody(workerMAC, otherPS.Addr())), testPort2, w2.addr)
 	w2.readAck(t, ct.otherKey)
@@ -179,7 +187,7 @@ func TestHandleHelp(t *testing.T) {
 	for _, s := range gather(t, col)["xdpagg_agent_help_total"] {
 		series[s.labels["outcome"]] = s.value
 	}
-	if series["recovered"] != 1 || series["asked"] != 1 || series["requests"] != 1 || len(series) != 10 {
+	if series["recovered"] != 1 || series["asked"] != 1 || series["requests"] != 1 || len(series) != 11 {
 		t.Errorf("xdpagg_agent_help_total = %v", series)
 	}
 }
@@ -190,11 +198,7 @@ func TestHandleHelp(t *testing.T) {
 func TestHandleHelpWithoutCache(t *testing.T) {
 	ct := newCtlTest(t)
 	c := ct.c
-	w0, w1 := newWorker(t), newWorkerAt(t, "127.0.0.3")
-	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
-	w0.readAck(t, ct.key)
-	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
-	w1.readAck(t, ct.key)
+	w0, w1 := ct.twoMembers(t)
 
 	for range 2 {
 		accept(t, c, rtx(t, ct.key, 7, 0), testPort, w0.addr)
@@ -222,7 +226,7 @@ func TestHandleHelpWithoutCache(t *testing.T) {
 	// A removed job's requests are forgotten.
 	c.forgetRemoved(map[uint32]bool{})
 	c.mu.Lock()
-	n := len(c.help)
+	n := len(c.help.reqs)
 	c.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d help requests remembered after the job's removal", n)
@@ -235,11 +239,7 @@ func TestHandleHelpWithoutCache(t *testing.T) {
 func TestHandleHelpIncomplete(t *testing.T) {
 	ct := newCtlTest(t)
 	c, m := ct.c, ct.sw.Maps
-	w0, w1 := newWorker(t), newWorkerAt(t, "127.0.0.3")
-	accept(t, c, join(t, ct.key, 1, 0), testPort, w0.addr)
-	w0.readAck(t, ct.key)
-	accept(t, c, sealed(t, ct.key, hdr(msgJoin, testJob, 2, 1), joinBody(workerMAC, resultIP)), testPort2, w1.addr)
-	w1.readAck(t, ct.key)
+	w0, w1 := ct.twoMembers(t)
 	const idx = 5
 	var s bpf.XdpaggSlot
 	s.JobId, s.Seq, s.State, s.FanIn, s.Nvals, s.Bitmap = testJob, 60, uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), 2, 1, 1
@@ -263,6 +263,79 @@ func TestHandleHelpIncomplete(t *testing.T) {
 		t.Errorf("worker 1 asked with %+v", q)
 	}
 	if st := c.HelpStats(); st.Incomplete != 1 || st.Asked != 1 || st.Requests != 2 {
+		t.Errorf("HelpStats = %+v", st)
+	}
+}
+
+// TestHelpShare: a job flooding Help requests for its own results fills the pending-Help table,
+// and another job that needs Help still gets it: the flooder loses one of its own entries
+// (evicted), its requests beyond the table are refused (full), and the other job may take up to an
+// equal share of the table, no more.
+func TestHelpShare(t *testing.T) {
+	ct := newCtlTest(t)
+	c := ct.c
+	w0, w1 := ct.twoMembers(t)
+	flooder := newWorkerAt(t, "127.0.0.2") // otherJob's worker 0, a tenant with the job's key
+	accept(t, c, sealed(t, ct.otherKey, hdr(msgJoin, otherJob, 3, 0), joinBody(workerMAC, otherPS.Addr())), testPort2, flooder.addr)
+	flooder.readAck(t, ct.otherKey)
+
+	// The flood fills the table. Its entries are made as of an hour from now, so that none
+	// expires however slowly the test runs.
+	later := time.Now().Add(time.Hour)
+	fill := func(h wire.Header, key []byte, from *worker, first uint32, n int) {
+		t.Helper()
+		for i := range uint32(n) {
+			h.Seq = first + i
+			if sent, err := c.helpFromMembers(h, key, from.addr, later); err != nil || !sent {
+				t.Fatalf("help request %d of job %d: sent %v, %v", h.Seq, h.JobId, sent, err)
+			}
+		}
+	}
+	fill(hdr(msgRtx, otherJob, 0, 0), ct.otherKey, flooder, 1000, MaxHelpPending)
+	held := func(job uint32) int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.help.perJob[job]
+	}
+	// More of the flooder's requests are refused: it holds the whole table.
+	accept(t, c, sealed(t, ct.otherKey, hdr(msgRtx, otherJob, 999, 0), nil), testPort2, flooder.addr)
+	flooder.readAck(t, ct.otherKey)
+	if st := c.HelpStats(); st.Full != 1 || st.Evicted != 0 || held(otherJob) != MaxHelpPending {
+		t.Fatalf("after the flood: %+v, flooder holds %d", st, held(otherJob))
+	}
+
+	// The victim's Help request still reaches its other member, and the answer the victim.
+	accept(t, c, rtx(t, ct.key, 50, 0), testPort, w0.addr)
+	w0.readAck(t, ct.key)
+	if q, _ := w1.readAck(t, ct.key); q.Type != wire.MsgHelp || q.Seq != 50 {
+		t.Fatalf("worker 1 asked with %+v", q)
+	}
+	res := wire.Header{Version: wire.Version, Type: wire.MsgResult, Encoding: wire.EncFixed32, ScaleLog2: 24, Count: 3,
+		JobId: testJob, Seq: 50, AggIndex: 1, Bitmap0: 0b11, FanIn0: 2}
+	vals := []byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}
+	accept(t, c, helpAnswer(t, ct.key, res, 1, 3, 0, 3, vals), testPort2, w1.addr)
+	if got := w0.readRaw(t); !bytes.Equal(got[wire.HdrSize:], vals) || wire.PacketFlags(got)&wire.FlagCached == 0 {
+		t.Errorf("recovered result %x", got)
+	}
+	if st := c.HelpStats(); st.Evicted != 1 || st.Recovered != 1 || held(testJob) != 1 || held(otherJob) != MaxHelpPending-1 {
+		t.Errorf("after the victim's request: %+v, victim holds %d, flooder %d", st, held(testJob), held(otherJob))
+	}
+
+	// The victim may take up to an equal share, and no more: then its own requests are refused.
+	// (Its first entry, recovered, has expired as of an hour from now.) Every entry the flooder
+	// no longer holds it lost to the victim.
+	seq := uint32(100)
+	for ; seq < 100+MaxHelpPending; seq++ {
+		if sent, err := c.helpFromMembers(hdr(msgRtx, testJob, seq, 0), ct.key, w0.addr, later); err != nil {
+			t.Fatal(err)
+		} else if !sent {
+			break
+		}
+	}
+	if held(testJob) != MaxHelpPending/2 || held(otherJob) != MaxHelpPending/2 {
+		t.Errorf("victim holds %d, flooder %d; want %d each", held(testJob), held(otherJob), MaxHelpPending/2)
+	}
+	if st := c.HelpStats(); st.Full != 2 || st.Evicted != MaxHelpPending/2 {
 		t.Errorf("HelpStats = %+v", st)
 	}
 }

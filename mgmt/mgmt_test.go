@@ -444,3 +444,150 @@ func TestSync(t *testing.T) {
 		t.Errorf("calls %v", got)
 	}
 }
+
+// fakeConn is a connection from addr, for the connection table alone.
+type fakeConn struct {
+	net.Conn
+	addr net.Addr
+}
+
+func (c *fakeConn) RemoteAddr() net.Addr { return c.addr }
+
+func connFrom(ip string) *fakeConn {
+	return &fakeConn{addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}}
+}
+
+// TestConnShares: one address holds at most MaxConnsPerSource connections (a new one closes the
+// address's own that waited longest), and a full table makes room for a newcomer by closing one
+// of the address holding the most, if it holds more; a connection whose request is being handled
+// is never closed for another.
+func TestConnShares(t *testing.T) {
+	tb := connTable{conns: map[net.Conn]*connState{}, perSrc: map[netip.Addr]int{}}
+	admit := func(c net.Conn, wantEvict net.Conn, wantRefused string) {
+		t.Helper()
+		ev, refused := tb.admit(c)
+		if ev != wantEvict || refused != wantRefused {
+			t.Fatalf("admit %v: closes %v, refused %q; want %v, %q", c.RemoteAddr(), ev, refused, wantEvict, wantRefused)
+		}
+	}
+	// One address: its fifth and sixth connections close its first two.
+	var a []net.Conn
+	for i := range MaxConnsPerSource + 2 {
+		a = append(a, connFrom("10.0.0.1"))
+		var ev net.Conn
+		if i >= MaxConnsPerSource {
+			ev = a[i-MaxConnsPerSource]
+		}
+		admit(a[i], ev, "")
+	}
+	if tb.held(a[0]) || tb.held(a[1]) || !tb.held(a[2]) || tb.perSrc[netip.MustParseAddr("10.0.0.1")] != MaxConnsPerSource {
+		t.Fatalf("after six connections from one address: %v", tb.perSrc)
+	}
+	// A request of a[2] is being handled: the next closes a[3] instead.
+	tb.handling(a[2], true)
+	extra := connFrom("10.0.0.1")
+	admit(extra, a[3], "")
+	// Seven more addresses fill the table with MaxConnsPerSource each.
+	for s := range MaxConns/MaxConnsPerSource - 1 {
+		for range MaxConnsPerSource {
+			admit(connFrom(fmt.Sprintf("10.0.1.%d", s)), nil, "")
+		}
+	}
+	// A newcomer (the controller) gets in: a[4], the longest waiting of an address holding the
+	// most, is closed.
+	admit(connFrom("10.0.9.9"), a[4], "")
+	// With every connection of an address being handled, a fifth from it is refused.
+	for _, c := range []net.Conn{a[5], extra} {
+		tb.handling(c, true)
+	}
+	// 10.0.0.1 now holds a[2], a[5], extra (handling) and nothing else: give it a fourth, handled.
+	fourth := connFrom("10.0.0.1")
+	ev, refused := tb.admit(fourth)
+	if refused != "" || ev == nil {
+		t.Fatalf("fourth connection of 10.0.0.1: closes %v, refused %q", ev, refused)
+	}
+	tb.handling(fourth, true)
+	admit(connFrom("10.0.0.1"), nil, BadFrameSourceBusy)
+
+	// MaxConns addresses holding one each: another connection from one of them is refused, as
+	// nobody holds more.
+	tb = connTable{conns: map[net.Conn]*connState{}, perSrc: map[netip.Addr]int{}}
+	for i := range MaxConns {
+		admit(connFrom(fmt.Sprintf("10.0.2.%d", i)), nil, "")
+	}
+	admit(connFrom("10.0.2.0"), nil, BadFrameBusy)
+	// Released connections make room.
+	for c := range tb.conns {
+		tb.release(c)
+		break
+	}
+	admit(connFrom("10.0.2.0"), nil, "")
+}
+
+// TestConnFlood: silent connections from one address, and from as many addresses as fill the
+// table, do not keep the controller out: its call is answered, every connection beyond the table
+// was closed for another (or timed out), and a silent connection is closed after the idle timeout.
+func TestConnFlood(t *testing.T) {
+	key := testKey(t)
+	srv, addr, _ := serve(t, "127.0.0.1:0", key, &fakeHandler{})
+	dial := func(src string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp4", addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	opened := 0
+	for range 2 * MaxConns {
+		dial("127.0.0.2")
+		opened++
+	}
+	for s := range MaxConns/MaxConnsPerSource - 1 {
+		for range MaxConnsPerSource {
+			dial(fmt.Sprintf("127.0.1.%d", s+1))
+			opened++
+		}
+	}
+	c, _ := Dial(addr, key)
+	if err := c.Reset(context.Background(), 1); err != nil {
+		t.Fatalf("the controller's call during the flood: %v", err)
+	}
+	opened++
+	// The table never holds more than MaxConns: every other connection left it by then.
+	bad := srv.BadFrames()
+	if left := bad[BadFrameEvicted] + bad[BadFrameSlow]; left < uint64(opened-MaxConns) {
+		t.Errorf("%d connections opened, %d closed for others and %d timed out: the table held more than %d", opened, bad[BadFrameEvicted], bad[BadFrameSlow], MaxConns)
+	}
+	if bad[BadFrameBusy] != 0 || bad[BadFrameSourceBusy] != 0 {
+		t.Errorf("connections refused: %v", bad)
+	}
+
+	// A connection that sends nothing is closed after the idle timeout.
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := NewServer(key, &fakeHandler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2.idle = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go srv2.Serve(ctx, ln)
+	silent, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	_ = silent.SetReadDeadline(time.Now().Add(30 * time.Second)) // only a hang guard
+	if _, err := silent.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("silent connection: %v, want it closed", err)
+	}
+	if got := srv2.BadFrames()[BadFrameSlow]; got != 1 {
+		t.Errorf("bad frames %q: %d, want 1", BadFrameSlow, got)
+	}
+}

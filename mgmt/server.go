@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -21,17 +22,34 @@ const (
 	BadFrameAuth   = "auth"    // does not open under the request key (wrong key, tampered, a response)
 	BadFrameReplay = "replay"  // authentic, stamp not newer than the last accepted or out of the window
 	BadFrameBody   = "body"    // authentic, but its JSON is not a request
-	BadFrameBusy   = "busy"    // over MaxConns connections at once
-	BadFrameSlow   = "timeout" // no complete request within ReadTimeout
+	BadFrameBusy   = "busy"    // over MaxConns connections at once, none of them to be closed for it
+	BadFrameSlow   = "timeout" // no request begun within IdleTimeout, or none complete within ReadTimeout
+	// BadFrameSourceBusy: MaxConnsPerSource connections from the address already, each with a
+	// request being handled.
+	BadFrameSourceBusy = "source_busy"
+	// BadFrameEvicted: closed, while waiting for (or receiving) a request, to make room for a new
+	// connection: its address held MaxConnsPerSource, or the most of MaxConns.
+	BadFrameEvicted = "evicted"
 )
 
 // Limits of a Server.
 const (
-	// MaxConns is how many connections a server serves at once; more are closed at once. The
-	// controller makes one at a time per switch.
+	// MaxConns is how many connections a server serves at once. The controller makes one at a
+	// time per switch, and sends its request as soon as it is connected.
 	MaxConns = 32
-	// ReadTimeout is how long a connection may take to deliver a request (a snapshot of
-	// MaxFrame at a few MB/s) and how long an idle kept connection stays open.
+	// MaxConnsPerSource is how many of them one source address holds at most. A new connection
+	// beyond it closes the address's own connection that has waited longest for a request; a
+	// new connection beyond MaxConns closes that of the address holding the most, if it holds
+	// more than the newcomer's. Only connections waiting for (or receiving) a request are
+	// closed so, never one whose authentic request is being handled: so a host, whatever it
+	// connects, holds no more than its share, and the controller's connection gets in unless
+	// MaxConns addresses hold one each.
+	MaxConnsPerSource = 4
+	// IdleTimeout is how long a connection may wait before its next request begins (the
+	// controller sends its request at once, and does not keep connections).
+	IdleTimeout = 10 * time.Second
+	// ReadTimeout is how long a connection may take to deliver a request once begun (a
+	// snapshot of MaxFrame at a few MB/s).
 	ReadTimeout = 2 * time.Minute
 )
 
@@ -44,7 +62,8 @@ type Server struct {
 	replay  ctlauth.Replay[struct{}] // one sender: whoever holds the controller key
 	do      sync.Mutex               // one request at a time
 	bad     sync.Map                 // reason -> *atomic.Uint64
-	conns   chan struct{}            // MaxConns tokens
+	conns   connTable
+	idle    time.Duration // IdleTimeout (tests shorten it)
 	// OnBadFrame, if set before Serve, is told of every connection dropped (reason and error),
 	// e.g. for the agent's rate-limited log.
 	OnBadFrame func(reason string, err error)
@@ -56,7 +75,8 @@ func NewServer(key []byte, h Handler) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{keys: keys, h: h, conns: make(chan struct{}, MaxConns)}, nil
+	return &Server{keys: keys, h: h, idle: IdleTimeout,
+		conns: connTable{conns: map[net.Conn]*connState{}, perSrc: map[netip.Addr]int{}}}, nil
 }
 
 // BadFrames returns how many connections were dropped, by reason (labels Bad*).
@@ -74,7 +94,7 @@ func (s *Server) BadFrames() map[string]uint64 {
 
 // BadFrameReasons lists the labels of BadFrames in a stable order.
 func BadFrameReasons() []string {
-	r := []string{BadFrameFormat, BadFrameAuth, BadFrameReplay, BadFrameBody, BadFrameBusy, BadFrameSlow}
+	r := []string{BadFrameFormat, BadFrameAuth, BadFrameReplay, BadFrameBody, BadFrameBusy, BadFrameSlow, BadFrameSourceBusy, BadFrameEvicted}
 	sort.Strings(r)
 	return r
 }
@@ -120,12 +140,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("accept management connection: %w", err)
 		}
-		select {
-		case s.conns <- struct{}{}:
-		default:
+		evict, refused := s.conns.admit(conn)
+		if refused != "" {
 			conn.Close()
-			s.dropped(BadFrameBusy, fmt.Errorf("connection from %v: %d connections already", conn.RemoteAddr(), MaxConns))
+			s.dropped(refused, fmt.Errorf("connection from %v: %d connections already, %d from its address, each with a request being handled",
+				conn.RemoteAddr(), MaxConns, MaxConnsPerSource))
 			continue
+		}
+		if evict != nil {
+			evict.Close()
+			s.dropped(BadFrameEvicted, fmt.Errorf("connection from %v, waiting for a request, closed for one from %v", evict.RemoteAddr(), conn.RemoteAddr()))
 		}
 		mu.Lock()
 		open[conn] = true
@@ -133,7 +157,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-s.conns }()
+			defer s.conns.release(conn)
 			defer func() {
 				mu.Lock()
 				delete(open, conn)
@@ -150,11 +174,18 @@ func (s *Server) serveConn(conn net.Conn) {
 	r := bufio.NewReader(conn)
 	w := bufio.NewWriter(conn)
 	for {
-		_ = conn.SetReadDeadline(time.Now().Add(ReadTimeout))
-		payload, err := readFrame(r)
+		_ = conn.SetReadDeadline(time.Now().Add(s.idle))
+		_, err := r.Peek(1)
+		var payload []byte
+		if err == nil {
+			_ = conn.SetReadDeadline(time.Now().Add(ReadTimeout))
+			payload, err = readFrame(r)
+		}
 		if err != nil {
 			var ne net.Error
 			switch {
+			case !s.conns.held(conn):
+				// Closed for another connection: counted then.
 			case errors.As(err, &ne) && ne.Timeout():
 				s.dropped(BadFrameSlow, fmt.Errorf("connection from %v: %w", conn.RemoteAddr(), err))
 			case errors.Is(err, ErrFrame):
@@ -166,6 +197,9 @@ func (s *Server) serveConn(conn net.Conn) {
 		if err != nil {
 			s.dropped(BadFrameAuth, fmt.Errorf("connection from %v: %w", conn.RemoteAddr(), err))
 			return
+		}
+		if !s.conns.handling(conn, true) {
+			return // closed for another connection meanwhile
 		}
 		var req request
 		if err := json.Unmarshal(body, &req); err != nil {
@@ -188,6 +222,112 @@ func (s *Server) serveConn(conn net.Conn) {
 		if writeFrame(w, sealed) != nil || w.Flush() != nil {
 			return
 		}
+		s.conns.handling(conn, false)
+	}
+}
+
+// connTable is who holds the server's connections: each one's source address, since when it
+// waits for a request, and whether a request of it is being handled.
+type connTable struct {
+	mu     sync.Mutex
+	conns  map[net.Conn]*connState
+	perSrc map[netip.Addr]int
+	ticks  uint64 // orders the connections' waits
+}
+
+type connState struct {
+	src      netip.Addr
+	waiting  uint64 // when it began to wait for a request, in ticks: the lowest waited longest
+	handling bool   // an authentic request of it is being handled: never closed for another
+}
+
+// admit takes conn in, closing (returning) another connection to make room if its address holds
+// MaxConnsPerSource, or all MaxConns are held (see MaxConnsPerSource), or returns the reason it is
+// refused.
+func (t *connTable) admit(conn net.Conn) (evict net.Conn, refused string) {
+	ap, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
+	src := ap.Addr().Unmap()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := t.perSrc[src]
+	switch {
+	case n >= MaxConnsPerSource:
+		if evict = t.longestWaiting(func(s *connState) bool { return s.src == src }); evict == nil {
+			return nil, BadFrameSourceBusy
+		}
+	case len(t.conns) >= MaxConns:
+		if evict = t.longestWaiting(func(s *connState) bool { return t.perSrc[s.src] > n }); evict == nil {
+			return nil, BadFrameBusy
+		}
+	}
+	if evict != nil {
+		t.dropLocked(evict)
+	}
+	t.ticks++
+	t.conns[conn] = &connState{src: src, waiting: t.ticks}
+	t.perSrc[src]++
+	return evict, ""
+}
+
+// longestWaiting returns, of the connections that wait for a request and satisfy ok, one of the
+// address holding the most, the one that has waited longest (nil: none). Called with mu held.
+func (t *connTable) longestWaiting(ok func(*connState) bool) net.Conn {
+	var best net.Conn
+	var bs *connState
+	for c, s := range t.conns {
+		if s.handling || !ok(s) {
+			continue
+		}
+		if bs == nil {
+			best, bs = c, s
+			continue
+		}
+		if n, bn := t.perSrc[s.src], t.perSrc[bs.src]; n > bn || n == bn && s.waiting < bs.waiting {
+			best, bs = c, s
+		}
+	}
+	return best
+}
+
+// handling marks whether a request of conn is being handled (false: it waits for the next one,
+// from now on); it reports whether conn is still held (not closed for another).
+func (t *connTable) handling(conn net.Conn, on bool) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.conns[conn]
+	if s == nil {
+		return false
+	}
+	s.handling = on
+	if !on {
+		t.ticks++
+		s.waiting = t.ticks
+	}
+	return true
+}
+
+// held reports whether conn is still held: not closed for another connection.
+func (t *connTable) held(conn net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conns[conn] != nil
+}
+
+// release forgets a connection that ended.
+func (t *connTable) release(conn net.Conn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dropLocked(conn)
+}
+
+func (t *connTable) dropLocked(conn net.Conn) {
+	s := t.conns[conn]
+	if s == nil {
+		return
+	}
+	delete(t.conns, conn)
+	if t.perSrc[s.src]--; t.perSrc[s.src] <= 0 {
+		delete(t.perSrc, s.src)
 	}
 }
 

@@ -56,6 +56,7 @@ type inspectOut struct {
 	Cache *struct {
 		Entries, Stored, Hits, Misses uint64
 		EvictedAcked                  uint64 `json:"evicted_acked"`
+		EvictedAge                    uint64 `json:"evicted_age"`
 		Acks                          uint64 `json:"acks"`
 	} `json:"retransmit_cache"`
 	Sparse []maps.SparseState `json:"sparse"`

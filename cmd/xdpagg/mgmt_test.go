@@ -29,3 +29,19 @@ func TestSwitchMgmtFlag(t *testing.T) {
 		}
 	}
 }
+
+// --cache-entries reaches the agent's configuration (default 65536) and must be positive.
+func TestSwitchCacheEntriesFlag(t *testing.T) {
+	for args, want := range map[string]int{"": 65536, "--cache-entries=512": 512} {
+		a := []string{"--iface", "p0"}
+		if args != "" {
+			a = append(a, args)
+		}
+		if cfg, err := parseSwitch(a); err != nil || cfg.CacheEntries != want {
+			t.Errorf("parseSwitch(%q): %d, %v; want %d", a, cfg.CacheEntries, err, want)
+		}
+	}
+	if _, err := parseSwitch([]string{"--iface", "p0", "--cache-entries", "0"}); !errors.Is(err, errUsage) {
+		t.Errorf("--cache-entries 0: %v, want a usage error", err)
+	}
+}

@@ -57,6 +57,7 @@ func parseSwitch(args []string) (agent.Config, error) {
 		ecnBytes = fs.Uint64("ecn-threshold", 64<<10, "phantom-queue backlog in bytes above which data is marked F_ECN")
 		noCache  = fs.Bool("no-retransmit-cache", false, "do not keep completed sums on the switch CPU for workers' retransmit requests")
 		cacheAge = fs.Duration("cache-age", 10*time.Second, "longest a result stays in the retransmit cache when not every worker acknowledged it")
+		cacheMax = fs.Int("cache-entries", 65536, "most results the retransmit cache holds, shared fairly among jobs (a job over the limit evicts its own oldest before another job's)")
 		memTTL   = fs.Duration("member-ttl", agent.DefaultMemberTTL, "silence after which a bound worker id may be taken over by another host's authenticated JOIN")
 		perPort  = fs.Int("max-members-per-port", agent.DefaultMaxMembersPerPort, "most job members behind one switch port")
 		ctlRate  = fs.Uint("control-rate", 20000, "control messages per second each port may send to the agent (excess dropped in XDP)")
@@ -91,9 +92,13 @@ func parseSwitch(args []string) (agent.Config, error) {
 	if *cacheAge <= 0 {
 		return agent.Config{}, fmt.Errorf("%w: --cache-age %v: use a positive duration, e.g. 10s", errUsage, *cacheAge)
 	}
+	if *cacheMax <= 0 {
+		return agent.Config{}, fmt.Errorf("%w: --cache-entries %d: use a positive count, e.g. 65536", errUsage, *cacheMax)
+	}
 	cfg := agent.Config{
 		NoRetransmitCache: *noCache,
 		CacheAge:          *cacheAge,
+		CacheEntries:      *cacheMax,
 		Name:              *name,
 		Interfaces:        strings.Split(*ifaces, ","),
 		PinRoot:           *pinRoot,
