@@ -168,7 +168,9 @@ func (a *Async) Run(ctx context.Context, rounds int, apply func(*AsyncUpdate)) e
 	nfrags := (a.cfg.Params + k - 1) / k
 	bitmaps := make([]uint32, nfrags)
 	for r := 0; r < rounds; r++ {
-		base := w.nextSeq // Run owns the worker's operations: nothing else moves it
+		w.mu.Lock()
+		base := w.nextSeq // Run owns the worker's operations: only Resume, after it stopped, moves it
+		w.mu.Unlock()
 		grad, ver, err := a.take(ctx, base, nfrags)
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)

@@ -45,8 +45,50 @@ func (w *Worker) Reset(ctx context.Context, sw netip.AddrPort) error {
 // AllReduce calls fail with ErrHalted (a running one returns at once) until Resume. Only a joined
 // worker may, from its binding. A member whose notice is lost hears it again with the agent's
 // answer to its next RETRANSMIT or ACK.
+//
+// The HALT's seq is the halt's resume point: this worker's next sequence number plus haltGap.
+// Members stop in different calls (one that had not yet taken the last result of a call fails
+// it, while the others completed it and fail the next), so the sequence numbers they have used
+// differ by up to one call; Resume moves each to the resume point, which lies past all of them,
+// and they go on in step. This worker halts itself at once, before the agent's notice comes
+// back, so that it starts no call past the point it chose (no other member can then complete a
+// call it has not sent). If Halt fails it stays halted: call Halt again (same resume point) or
+// Resume.
 func (w *Worker) Halt(ctx context.Context, sw netip.AddrPort) error {
-	return w.control(ctx, wire.MsgHalt, sw, nil)
+	return w.controlWith(ctx, wire.MsgHalt, sw, nil, ctlExtra{fragment: true, seq: w.haltHere()})
+}
+
+// haltHere halts this worker, if it is not halted yet, at the resume point haltGap past its
+// sequence, and returns the resume point of its halt.
+func (w *Worker) haltHere() uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.halted.Load() {
+		w.markHalted(uint32(w.nextSeq + haltGap))
+	}
+	return w.haltSeq
+}
+
+const (
+	// maxCallFragments bounds one AllReduce's fragments, and with it how far apart the members'
+	// sequence numbers can be when a halt stops them: one call.
+	maxCallFragments = 1 << 28
+	// haltGap puts a halt's resume point past every member's sequence number (the halter's +
+	// up to one call) and within 2^31 of all of them, so that each member finds the same 64-bit
+	// sequence number from the point's 32 bits, and the switch sees the resumed fragments as
+	// later than the job's abandoned ones (it reclaims the job's own older slots at once).
+	haltGap = 1 << 30
+)
+
+// resumeAt is the sequence number a member at next goes on from after the halt whose resume
+// point is point: the one with point's low 32 bits nearest to next. By haltGap and
+// maxCallFragments it is ahead of next; if it were not, the member stays where it is rather
+// than reuse sequence numbers.
+func resumeAt(next uint64, point uint32) uint64 {
+	if d := int32(point - uint32(next)); d > 0 {
+		return next + uint64(d)
+	}
+	return next
 }
 
 // Halted reports whether the switch's agent told this worker its job is halted.
@@ -55,8 +97,14 @@ func (w *Worker) Halted() bool { return w.halted.Load() }
 // Resume lets AllReduce run again after a halt: the application decides when its job goes on
 // (all members must, or their sums will not complete). Reminders of the halt it resumes from
 // (the agent repeats a halt to members that still ask for results) are ignored from then on.
+//
+// Resume moves the worker's sequence to the halt's resume point (see Halt), so every member of
+// the job must resume from the same halt, and none may have an AllReduce running.
 func (w *Worker) Resume() {
 	w.mu.Lock()
+	if w.halted.Load() {
+		w.nextSeq = resumeAt(w.nextSeq, w.haltSeq)
+	}
 	w.resumedHalt, w.resumed = w.haltSeq, true
 	w.halted.Store(false)
 	w.mu.Unlock()
@@ -72,7 +120,13 @@ func (w *Worker) handleHalt(b []byte, h *wire.Header, from *unix.RawSockaddrInet
 	if w.resumed && h.Seq == w.resumedHalt {
 		return // a reminder of the halt this worker was resumed from
 	}
-	w.haltSeq = h.Seq
+	w.markHalted(h.Seq)
+}
+
+// markHalted halts the worker: its running AllReduce fails at once, and so do the next ones
+// until Resume, which goes on from resume point at. Called with mu held.
+func (w *Worker) markHalted(at uint32) {
+	w.haltSeq = at
 	w.halted.Store(true)
 	select {
 	case w.kick <- struct{}{}:

@@ -238,14 +238,15 @@ type Worker struct {
 
 	// Owned by the running AllReduce (opMu).
 	opMu        sync.Mutex
-	nextSeq     uint64 // first seq of the next AllReduce: job-wide, identical on every worker
 	timer       *time.Timer
 	lastSendErr error
 
-	// mu guards op, which the receive goroutine updates as results arrive.
-	mu   sync.Mutex
-	op   operation
-	kick chan struct{} // receive goroutine -> AllReduce: op changed
+	// mu guards op, which the receive goroutine updates as results arrive, and nextSeq, which
+	// Halt and Resume move too.
+	mu      sync.Mutex
+	op      operation
+	nextSeq uint64        // first seq of the next AllReduce: job-wide, identical on every worker
+	kick    chan struct{} // receive goroutine -> AllReduce: op changed
 
 	// ctlMu makes control calls (Join, Leave, Reset, Halt, SetH, FBcast) take turns: one ACK is
 	// awaited at a time.
@@ -295,8 +296,10 @@ type Worker struct {
 	remap map[uint32]slotRemap // slot offset (seq % 2W) -> ATP rehash from the PS; guarded by mu
 	srtt  int64                // smoothed result round trip (ns), for fast loss detection; guarded by mu
 
-	// halted: the switch's agent said the job is halted (authenticated MSG_HALT). haltSeq is that
-	// halt's nonce, resumedHalt the one Resume last resumed from (guarded by mu).
+	// halted: the switch's agent said the job is halted (authenticated MSG_HALT), or this worker
+	// asked it to (Halt). haltSeq is that halt's seq (its resume point, the 32 bits of the
+	// sequence number every member goes on from), resumedHalt the one Resume last resumed from
+	// (guarded by mu).
 	halted      atomic.Bool
 	haltSeq     uint32
 	resumedHalt uint32
@@ -487,7 +490,9 @@ func (w *Worker) Close() error {
 //
 // On error (ctx done, ErrTimeout, ErrClosed) data is partly summed and the job's sequence has moved
 // past this call anyway, so the workers stay in step only if they all fail it; recovering a job
-// is the caller's business (a new job id is simplest).
+// is the caller's business (a new job id is simplest). ErrHalted is the exception: members may
+// fail different calls (one whose last result came after the halt fails the call that the others
+// completed), and Resume puts every member at the halt's resume point, so they go on in step.
 func (w *Worker) AllReduce(ctx context.Context, data []float32) error {
 	return w.allReduce(ctx, data, false, nil)
 }
@@ -510,19 +515,22 @@ func (w *Worker) allReduce(ctx context.Context, data []float32, listen bool, bit
 	}
 	k := w.cfg.ValuesPerPacket
 	nfrags := (len(data) + k - 1) / k
-	if nfrags > math.MaxInt32 {
-		// The wire's 32-bit seq must tell this call's fragments apart.
+	if nfrags > maxCallFragments {
+		// The wire's 32-bit seq must tell this call's fragments apart, and a halt's resume
+		// point must lie past every member's sequence (haltGap).
 		return fmt.Errorf("%w: tensor of %d values: split it into tensors of at most %d values", ErrConfig,
-			len(data), int64(math.MaxInt32)*int64(k))
+			len(data), int64(maxCallFragments)*int64(k))
+	}
+	w.mu.Lock()
+	if w.halted.Load() {
+		// Takes no sequence numbers: Resume moves every member to the halt's resume point.
+		w.mu.Unlock()
+		return fmt.Errorf("allreduce: %w", ErrHalted)
 	}
 	base := w.nextSeq
 	w.nextSeq += uint64(nfrags)
+	w.mu.Unlock()
 	w.lastSendErr = nil
-	if w.halted.Load() {
-		// Failed like the call the other members were in when the halt came: every member's
-		// sequence moves past this allreduce, so after Resume they are in step again.
-		return fmt.Errorf("allreduce: %w", ErrHalted)
-	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("allreduce of %d values: %w", len(data), err)
 	}

@@ -153,7 +153,9 @@ func TestHaltJob(t *testing.T) {
 	}
 	// The other job runs on.
 	reduceExact(ctx, t, other, 3, 20_000, 5)
-	// Each member failed exactly the allreduce it was in: resumed, they are in step.
+	// The members may have failed different allreduces (one whose last result came after the
+	// notice fails the call the others completed): Resume puts each at the halt's resume point,
+	// so they go on in step.
 	for _, w := range j.workers {
 		w.Resume()
 	}
