@@ -343,7 +343,7 @@ func TestSetHAndFBcast(t *testing.T) {
 	sw := func(i int) netip.AddrPort { return netip.AddrPortFrom(j.hosts[i].Gateway, loader.DefaultPort) }
 	control := func(what string, f func(context.Context) error) {
 		t.Helper()
-		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		cctx, ccancel := context.WithTimeout(ctx, time.Minute)
 		defer ccancel()
 		if err := f(cctx); err != nil {
 			t.Fatalf("%s: %v\n%s", what, err, a.sw.stderr.String())

@@ -168,7 +168,7 @@ func (a *agentEnv) startJob(ctx context.Context, t *testing.T, s jobSpec) *runni
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { wk.Close() })
-		jctx, jcancel := context.WithTimeout(ctx, 10*time.Second)
+		jctx, jcancel := context.WithTimeout(ctx, time.Minute)
 		err := wk.Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC)
 		jcancel()
 		if err != nil {

@@ -84,7 +84,7 @@ func TestResetMidJob(t *testing.T) {
 	for i := range 3 {
 		time.Sleep(time.Duration(50+40*i) * time.Millisecond)
 		h := j.hosts[0]
-		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, rcancel := context.WithTimeout(ctx, time.Minute)
 		err := j.workers[0].Reset(rctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort))
 		rcancel()
 		if err != nil {
@@ -132,7 +132,7 @@ func TestHaltJob(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	halted := time.Now()
 	h := j.hosts[0]
-	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+	hctx, hcancel := context.WithTimeout(ctx, time.Minute)
 	err := j.workers[0].Halt(hctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort))
 	hcancel()
 	if err != nil {

@@ -67,7 +67,7 @@ func startSparseAgentJob(ctx context.Context, t *testing.T, tp *topo.Topology, i
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { w.Close() })
-		jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		err := w.Join(jctx, netip.AddrPortFrom(h.Gateway, loader.DefaultPort), h.MAC)
 		cancel()
 		if err != nil {
