@@ -54,11 +54,14 @@ func (q *keyQueue) front(entries map[cacheKey]*cacheEntry) (cacheKey, *cacheEntr
 	return cacheKey{}, nil, false
 }
 
-// compact drops the keys no longer in entries, keeping the others in order.
+// compact drops the keys no longer in entries, and the later copies of a key stored twice,
+// keeping the others in order.
 func (q *keyQueue) compact(entries map[cacheKey]*cacheEntry) {
 	live := q.keys[:0]
+	seen := make(map[cacheKey]bool, len(q.keys)-q.head)
 	for _, k := range q.keys[q.head:] {
-		if _, ok := entries[k]; ok {
+		if _, ok := entries[k]; ok && !seen[k] {
+			seen[k] = true
 			live = append(live, k)
 		}
 	}
@@ -142,11 +145,20 @@ func (c *ResultCache) Store(rec []byte, now time.Time) error {
 		c.evictLargest(h.JobId)
 	}
 	// Keys evicted from a job's queue stay in the age queue until they reach its front; a job's
-	// result held there (up to maxAge) must not let them pile up.
-	if q := &c.order; len(q.keys)-q.head > 2*len(c.entries)+1024 {
-		q.compact(c.entries)
-	}
+	// result held there (up to maxAge) must not let them pile up. Likewise keys aged out stay in
+	// their job's queue until an ACK or a size eviction reaches them: a job that never ACKs would
+	// grow it by a key per result for ever.
+	c.order.compactIf(len(c.entries), c.entries)
+	ja.order.compactIf(ja.n, c.entries)
 	return nil
+}
+
+// compactIf compacts q once it holds more than twice its live keys (and 1,024 more): the cost
+// of compacting is then paid by the stores that queued the dead keys.
+func (q *keyQueue) compactIf(live int, entries map[cacheKey]*cacheEntry) {
+	if len(q.keys)-q.head > 2*live+1024 {
+		q.compact(entries)
+	}
 }
 
 // Get returns the cached result <job, seq> for a retransmit request, counting a hit or a miss.

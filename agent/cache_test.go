@@ -282,3 +282,32 @@ func TestResultCacheShare(t *testing.T) {
 		t.Errorf("after the victim's acknowledgements it holds %d, %+v", held(victim), c.Stats())
 	}
 }
+
+// TestResultCacheQueuesBounded: a job that never acknowledges, whose results only age out, keeps
+// its queue of keys bounded (it once grew by a key per result for ever), and so does the age
+// queue; results stored twice do not make either grow.
+func TestResultCacheQueuesBounded(t *testing.T) {
+	c := NewResultCache(time.Millisecond, 1<<20)
+	now := time.Unix(1000, 0)
+	for seq := range uint32(50_000) {
+		if err := c.Store(resultRecord(t, 7, seq, 0b11, 1), now); err != nil {
+			t.Fatal(err)
+		}
+		if seq%3 == 0 { // a late copy of the same result
+			if err := c.Store(resultRecord(t, 7, seq, 0b11, 1), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now = now.Add(time.Millisecond)
+		c.Sweep(now)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ja := c.jobs[7]
+	if n := len(ja.order.keys) - ja.order.head; n > 2*ja.n+1024+1 {
+		t.Errorf("the job's queue holds %d keys for %d results", n, ja.n)
+	}
+	if n := len(c.order.keys) - c.order.head; n > 2*len(c.entries)+1024+1 {
+		t.Errorf("the age queue holds %d keys for %d results", n, len(c.entries))
+	}
+}

@@ -238,8 +238,8 @@ func decode(b []byte, v any) error {
 }
 
 // Snapshot reads the jobs (with their keys) and members; ScopeAll adds every slot in use, sparse
-// X and records are read
-// under their spin locks, one at a time: the snapshot of a switch still running is each value
+// jobs' registers and iteration records, the retransmit cache and the sparse updates. Slots and
+// records are read under their spin locks, one at a time: the snapshot of a switch still running is each value
 // at some moment, not the whole switch at one moment (the controller drains a switch first
 // where it needs the latter).
 func (g *Manager) Snapshot(scope mgmt.Scope) (*mgmt.Snapshot, error) {

@@ -52,8 +52,11 @@ func (w *Worker) Reset(ctx context.Context, sw netip.AddrPort) error {
 // differ by up to one call; Resume moves each to the resume point, which lies past all of them,
 // and they go on in step. This worker halts itself at once, before the agent's notice comes
 // back, so that it starts no call past the point it chose (no other member can then complete a
-// call it has not sent). If Halt fails it stays halted: call Halt again (same resume point) or
-// Resume.
+// call it has not sent). If Halt fails it stays halted: call Halt again (it resends the same
+// resume point, and the agent tells the members again) until it succeeds, and only then Resume.
+// Until the agent has acknowledged the HALT, whether the other members heard of it is unknown:
+// a Resume then moves this worker to the resume point while they may still be where they were,
+// and the job's calls stop completing.
 func (w *Worker) Halt(ctx context.Context, sw netip.AddrPort) error {
 	return w.controlWith(ctx, wire.MsgHalt, sw, nil, ctlExtra{fragment: true, seq: w.haltHere()})
 }
@@ -222,8 +225,14 @@ func (w *Worker) controlWith(ctx context.Context, typ uint8, sw netip.AddrPort, 
 		return err
 	}
 	pkt := make([]byte, 0, len(msg)+ctlauth.TrailerSize)
-	w.ctlMu.Lock()
-	defer w.ctlMu.Unlock()
+	select {
+	case w.ctlTurn <- struct{}{}:
+		defer func() { <-w.ctlTurn }()
+	case <-ctx.Done():
+		return fmt.Errorf("%w: another control call to the switch agent is still waiting for its acknowledgement: %w", ErrTimeout, ctx.Err())
+	case <-w.closing:
+		return ErrClosed
+	}
 
 	swRaw := sockaddr4(sw)
 	w.mu.Lock()

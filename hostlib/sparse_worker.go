@@ -346,7 +346,11 @@ func (w *SparseWorker) Step(ctx context.Context, iter uint32, keys []uint64, val
 			continue
 		}
 		if fromAgent && len(b) > wire.OffType && b[wire.OffType] == wire.MsgAck {
-			if w.agentMiss(b, iter) {
+			// A miss answers one of up to 8 requests of the last ask: the first one sends the
+			// iteration to the PS now; the others, and any after that resend (asked false
+			// again), are stale, or each would count a resend and ask again, and the worker
+			// would run out its MaxRetries in round trips while the PS's answer is on its way.
+			if w.agentMiss(b, iter) && asked {
 				deadline = time.Now() // resend to the PS now
 			} else {
 				w.st.stale.Add(1) // a miss of an earlier request (or not the agent's)

@@ -110,11 +110,14 @@ func TestSparseWorkerJoin(t *testing.T) {
 
 // coldUpdate is packet index of a two-packet sparse update of job 3's iteration iter: one cold
 // pair <key index, value index + 1>.
-func coldUpdate(iter, index uint32, flags uint16) []byte {
+func coldUpdate(iter, index uint32, flags uint16) []byte { return coldUpdateOf(iter, index, 2, flags) }
+
+// coldUpdateOf is packet index of an update of npkts packets.
+func coldUpdateOf(iter, index uint32, npkts uint16, flags uint16) []byte {
 	b := make([]byte, wire.HdrSize+wire.SparseHdrSize+wire.ColdPairSize)
 	wire.EncodeHeader(b, &wire.Header{Version: wire.Version, Type: wire.MsgResult, Encoding: wire.EncSparseCold, Flags: flags, Count: 1,
 		JobId: 3, Seq: iter, AggIndex: index, Bitmap0: 1, FanIn0: 1})
-	wire.EncodeSparseHeader(b[wire.HdrSize:], &wire.SparseHeader{Npkts: 2})
+	wire.EncodeSparseHeader(b[wire.HdrSize:], &wire.SparseHeader{Npkts: npkts})
 	wire.PutCold(b[wire.HdrSize+wire.SparseHdrSize:], 0, uint64(index), math.Float32bits(float32(index+1)))
 	return b
 }
@@ -182,5 +185,62 @@ func TestSparseWorkerAsksAgent(t *testing.T) {
 	msgs, _, _, unauth := agent.received()
 	if unauth != 0 || msgs[1].Type != wire.MsgRetransmit || msgs[1].Encoding != wire.EncSparseHot || msgs[1].WorkerId != 0 {
 		t.Errorf("the agent got %+v (%d unauthenticated)", msgs, unauth)
+	}
+}
+
+// An update of 100 packets of which only the first arrives, an agent that has none of them: the
+// worker asks for the missing runs (4 requests), the agent answers each with a miss, and only the
+// first miss of an ask sends the iteration to the PS. The PS ignores the first resend and
+// answers the second with the whole update, so the step needs 2 resends: within MaxRetries 4.
+// (Each miss once counted a resend and asked again, running out the retries in round trips.)
+func TestSparseWorkerAgentMissesResendOnce(t *testing.T) {
+	const npkts = 100
+	key := testKey(t)
+	var stamps ctlauth.Stamper
+	agent := newFakeAgent(t, key, nil, func(h wire.Header) []byte {
+		return ackOf(t, key, h, h.Seq, h.WorkerId, stamps.Next()) // the Join's ACK, and a miss of every request
+	})
+	ps := listenOn(t, "127.0.0.1", 0)
+	go func() {
+		buf := make([]byte, 2048)
+		resends := 0
+		for {
+			n, from, err := ps.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			var h wire.Header
+			wire.DecodeHeader(buf[:n], &h)
+			if h.Flags&wire.FlagResend == 0 {
+				_, _ = ps.WriteToUDPAddrPort(coldUpdateOf(1, 0, npkts, 0), from)
+				continue
+			}
+			if resends++; resends == 2 {
+				for i := range uint32(npkts) {
+					_, _ = ps.WriteToUDPAddrPort(coldUpdateOf(1, i, npkts, 0), from)
+				}
+			}
+		}
+	}()
+	w, err := NewSparseWorker(SparseWorkerConfig{JobID: 3, NumWorkers: 1, Local: netip.AddrPortFrom(loopback, 0), PS: connAddr(ps), JobKey: key,
+		Timeout: time.Second, MaxRetries: 4}) // a timeout no loaded machine reaches: only misses drive resends
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
+	defer cancel()
+	if err := w.Join(ctx, agent.addr(), testMAC); err != nil {
+		t.Fatal(err)
+	}
+	up, err := w.Step(ctx, 1, []uint64{7}, []float32{1})
+	if err != nil {
+		t.Fatalf("step: %v (stats %+v)", err, w.Stats())
+	}
+	if len(up.Keys) != npkts {
+		t.Errorf("update of %d keys, want %d", len(up.Keys), npkts)
+	}
+	if st := w.Stats(); st.Resends != 2 || st.CacheRequests != 8 {
+		t.Errorf("stats %+v: want 2 resends, each after an ask of 4 requests", st)
 	}
 }

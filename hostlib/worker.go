@@ -248,9 +248,10 @@ type Worker struct {
 	nextSeq uint64        // first seq of the next AllReduce: job-wide, identical on every worker
 	kick    chan struct{} // receive goroutine -> AllReduce: op changed
 
-	// ctlMu makes control calls (Join, Leave, Reset, Halt, SetH, FBcast) take turns: one ACK is
-	// awaited at a time.
-	ctlMu sync.Mutex
+	// ctlTurn makes control calls (Join, Leave, Reset, Halt, SetH, FBcast) take turns, one ACK
+	// awaited at a time: a call holds its one slot. A channel, not a mutex, so that a call
+	// waiting for its turn still ends with its context.
+	ctlTurn chan struct{}
 	// Control acknowledgements, guarded by mu.
 	ackWant    uint32                // nonce (seq) of the control message waiting for its MSG_ACK
 	ackGot     bool                  // its authenticated MSG_ACK arrived
@@ -397,6 +398,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		timer:    time.NewTimer(time.Hour),
 		kick:     make(chan struct{}, 1),
 		acked:    make(chan struct{}, 1),
+		ctlTurn:  make(chan struct{}, 1),
 		closing:  make(chan struct{}),
 		recvDone: make(chan struct{}),
 	}

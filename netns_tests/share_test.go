@@ -287,8 +287,14 @@ func tenantFlood(t *testing.T, cache bool) {
 	if cache {
 		// Only the victim asks for results the cache holds (the tenant's requests are for seqs
 		// no sum has).
-		if hits = helpMetric(t, env, "cache_hits"); hits == 0 {
+		// Unless the switch's results ring, which all jobs share (docs/security.md), was full
+		// when the victim's sums completed: then their copies never reached the cache, and
+		// the losses came back through Help (checked above), which a loaded machine can cause.
+		ringFull := after["cache_full"] - before["cache_full"]
+		if hits = helpMetric(t, env, "cache_hits"); hits == 0 && ringFull == 0 {
 			t.Error("none of the victim's losses was answered from the cache")
+		} else if hits == 0 {
+			t.Logf("no cache hit: the shared results ring was full %d times (its copies not made)", ringFull)
 		}
 		if c := inspect(t, env.bin, env.pinRoot).Cache; c != nil {
 			evictedAge = c.EvictedAge
