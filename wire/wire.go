@@ -34,6 +34,8 @@ const (
 	HdrSize = 32
 	// CtlAuthSize is the size of a control message's authentication trailer (struct ctl_auth).
 	CtlAuthSize = 24
+	// JobKeySize is the size of a job's (and the controller's) control key (struct job_key).
+	JobKeySize = 32
 	// MaxPacket is the largest xdpagg UDP payload: the header and MaxValues 4-byte values.
 	MaxPacket = HdrSize + 4*MaxValues
 	// SparseHdrSize is the size of the sparse header (struct sparse_hdr) after the header.
