@@ -88,7 +88,7 @@ static __always_inline int sparse_finish(struct xdp_md *ctx, struct counters *ct
 	if (left) {
 		/* The pairs go back into the packet, the placed ones marked, for the PS to sum the rest. */
 		__u64 len = (__u64)sp->npairs * sizeof(struct kv_pair);
-		asm volatile("" : "+r"(len));
+		barrier_var(len);
 		if (len == 0 || len > sizeof(sp->pairs))
 			return XDP_ABORTED;
 		if (bpf_xdp_store_bytes(ctx, OFF_PAIRS, sp->pairs, len))
@@ -151,11 +151,11 @@ static __always_inline int handle_sparse(struct xdp_md *ctx, struct counters *ct
 	if (!sp)
 		return XDP_ABORTED;
 	__u64 len = (__u64)n * sizeof(struct kv_pair);
-	asm volatile("" : "+r"(len));
+	barrier_var(len);
 	if (len > sizeof(sp->pairs))
 		goto malformed;
 	if (len) {
-		asm volatile("" : "+r"(len));
+		barrier_var(len);
 		if (len == 0 || len > sizeof(sp->pairs))
 			goto malformed;
 		if (bpf_xdp_load_bytes(ctx, OFF_PAIRS, sp->pairs, len))
@@ -297,7 +297,7 @@ static __always_inline int handle_pull(struct xdp_md *ctx, struct counters *ctr,
 		if (rc.overflow)
 			flags |= F_OVERFLOW;
 		__u64 len = (__u64)n * sizeof(struct reg_read);
-		asm volatile("" : "+r"(len));
+		barrier_var(len);
 		if (len == 0 || len > sizeof(sp->pairs))
 			return XDP_ABORTED;
 		if (bpf_xdp_store_bytes(ctx, OFF_PAIRS, sp->pairs, len))
@@ -371,8 +371,8 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	__u32 tail_len = ntail * 4;
 	/* Keep clang from re-deriving these from the unchecked count: the verifier must see the
 	 * bounds on the very registers used below. */
-	asm volatile("" : "+r"(tail_len));
-	asm volatile("" : "+r"(nfull));
+	barrier_var(tail_len);
+	barrier_var(nfull);
 	if (nfull > MAX_CHUNKS || tail_len >= sizeof(sc->vals))
 		goto malformed;
 	if (tail_len) {
@@ -383,10 +383,10 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		 * check (it knows tail_len != 0 here) nor merge both into one wrapping compare on a
 		 * copy of the register, which the verifier cannot follow to the helper's argument. */
 		__u64 len = tail_len;
-		asm volatile("" : "+r"(len));
+		barrier_var(len);
 		if (len == 0)
 			goto malformed;
-		asm volatile("" : "+r"(len));
+		barrier_var(len);
 		if (len >= sizeof(sc->vals))
 			goto malformed;
 		if (bpf_xdp_load_bytes(ctx, tail_off, sc->vals, len))
@@ -406,7 +406,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		goto malformed;
 	/* The slot lanes of the tail chunk. */
 	__u64 tail_word = ntail ? nfull * CHUNK_WORDS : 0; /* nfull < MAX_CHUNKS when there is a tail */
-	asm volatile("" : "+r"(tail_word)); /* check the register that indexes */
+	barrier_var(tail_word); /* check the register that indexes */
 	if (tail_word > (XAGG_MAX_VALUES - XAGG_CHUNK) / 2)
 		goto malformed;
 	__u64 *stail = (__u64 *)s->vals + tail_word;
@@ -507,10 +507,10 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	 * PASS_COPY (a partial aggregate that completes alone) already carries the sum. */
 	if (tail_len) {
 		__u64 len = tail_len;
-		asm volatile("" : "+r"(len));
+		barrier_var(len);
 		if (len == 0)
 			return XDP_ABORTED;
-		asm volatile("" : "+r"(len));
+		barrier_var(len);
 		if (len >= sizeof(sc->vals))
 			return XDP_ABORTED;
 		if (bpf_xdp_store_bytes(ctx, tail_off, sc->vals, len))
