@@ -249,7 +249,7 @@ func (m *model) step(f frame) outcome {
 	return outcome{verdict: xdpRedirect, delta: dl, out: ptr(asResult(f, s.bitmap, result(fFromSwitch), s.vals[:n])), what: "completed", how: how}
 }
 
-// The slot state machine of bpf/state.h, step for step: enum data_verdict, enum value_pass,
+// The slot state machine of bpf/slot.h, step for step: enum data_verdict, enum value_pass,
 // struct contrib and struct decision, slot_decide and slot_settle. No slot of the model ever
 // times out (the switch under test has a one-hour timeout), so "stale" is always false.
 const (
