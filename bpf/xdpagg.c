@@ -45,6 +45,106 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #include "sparse.h"
 #include "sparse_handlers.h"
 
+/* The admitted job whose member sent this DATA, or NULL. Membership and anti-spoofing: the sender
+ * must have joined the job as this worker id, from this address, port and switch port, and may
+ * only set its own contributor bit (bm). Checked before anything reads or writes a slot, so no one
+ * outside a job can touch its slots. */
+static __always_inline struct job *data_sender_job(struct xdp_md *ctx, struct pkt *p, __u32 bm)
+{
+	struct hdr *h = p->h;
+	struct worker_key wk = { .job_id = h->job_id, .worker_id = h->worker_id };
+	struct worker *wm = bpf_map_lookup_elem(&workers, &wk);
+	if (!wm || h->worker_id >= XAGG_MAX_WORKERS || bm != (1u << h->worker_id) ||
+	    wm->ip != p->ip->saddr || wm->port != p->udp->source || wm->ifindex != ctx->ingress_ifindex)
+		return NULL;
+	__u32 job_key = h->job_id;
+	return bpf_map_lookup_elem(&jobs, &job_key);
+}
+
+/* The partial last chunk, tail_len bytes at off, from the packet into the scratch (store: back).
+ * Nonzero on failure. The length is 64-bit, opaque to clang, and checked twice apart: clang must
+ * neither drop the zero check (the caller knows tail_len != 0) nor merge both into one wrapping
+ * compare on a copy of the register, which the verifier cannot follow to the helper's argument. */
+static __always_inline long tail_xfer(struct xdp_md *ctx, __u32 off, struct scratch *sc, __u32 tail_len, int store)
+{
+	__u64 len = tail_len;
+	barrier_var(len);
+	if (len == 0)
+		return -1;
+	barrier_var(len);
+	if (len >= sizeof(sc->vals))
+		return -1;
+	if (store)
+		return bpf_xdp_store_bytes(ctx, off, sc->vals, len);
+	return bpf_xdp_load_bytes(ctx, off, sc->vals, len);
+}
+
+/* The contribution of a member's DATA (bits bm of fan, n values), as the slot's state machine sees
+ * it. Slot quota: the job may reserve a slot it does not hold yet only while it holds fewer than
+ * max_slots; read once before the lock (an atomic counter, changed after unlocking), CPUs racing
+ * past the check together can overshoot by at most one slot each. */
+static __always_inline void data_contrib(struct contrib *in, struct hdr *h, struct job *j, __u32 bm, __u32 fan, __u32 n)
+{
+	*in = (struct contrib){
+		.job = h->job_id,
+		.seq = h->seq,
+		.bitmap = bm,
+		.nvals = n,
+		.fan_in = fan,
+		.scale_log2 = h->scale_log2,
+		.flags = h->flags & (F_ECN | F_OVERFLOW),
+		.resend = (h->flags & F_RESEND) != 0,
+		.quota_ok = (__s32)READ_ONCE(j->held) < (__s32)j->max_slots,
+		/* H as the job has it now (SetH changes it in place at any time): a slot completes
+		 * at the threshold in force when its H-th contribution arrives. */
+		.need = slot_need(fan, READ_ONCE(j->threshold)),
+		.now = bpf_ktime_get_ns(),
+	};
+}
+
+/* A decision that sends the fragment on (V_FLUSH, V_SHADOW, V_COMPLETED), once the packet holds
+ * the values to send (its tail stored back): the slot's partial aggregate to the PS, the slot's
+ * sum back to the sender alone, or the completed sum to the job's members. */
+static __always_inline int data_send(struct xdp_md *ctx, struct counters *ctr, int verdict, __u32 out_bitmap, __u16 out_flags, __u32 n)
+{
+	/* store_bytes may move packet data: re-derive the header pointers with fresh checks. */
+	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
+	struct pkt q;
+	if (parse(&c, &q) != PARSE_OK)
+		return XDP_ABORTED;
+
+	if (verdict == V_FLUSH) {
+		/* The partial aggregate goes on to the PS as DATA with the slot's contributors. */
+		if (q.h->flags & F_LEVEL1)
+			q.h->bitmap1 = out_bitmap;
+		else
+			q.h->bitmap0 = out_bitmap;
+		q.h->flags |= out_flags & (F_ECN | F_OVERFLOW);
+		count(ctr, CNT_FLUSHED);
+		return to_ps(ctr, &q, 0);
+	}
+
+	if (verdict == V_SHADOW) {
+		/* Unicast back to the sender: swap L2/L3 endpoints; the IP checksum is unchanged by a swap. */
+		make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH | F_SHADOW);
+		reply_in_place(&q);
+		count(ctr, CNT_SHADOW_TX);
+		return XDP_TX;
+	}
+
+	make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH);
+	q.udp->check = 0; /* payload changed; egress zeroes it too, but a result must be valid anywhere */
+	if (cache_results)
+		cache_result(ctx, ctr, sizeof(struct hdr) + (__u64)n * 4);
+	count(ctr, CNT_AGGREGATED);
+	count(ctr, CNT_COMPLETED);
+	if (out_flags & F_OVERFLOW)
+		count(ctr, CNT_OVERFLOW);
+	return broadcast(ctr);
+}
+
+/* A member's DATA: checked, summed into its slot under the slot's lock, then dropped (summed),
+ * sent on (to the PS, the sender, the job) or counted as what it is. */
 static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr, struct pkt *p)
 {
 	struct hdr *h = p->h;
@@ -58,19 +158,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		goto malformed; /* contributor bits outside the job's fan-in */
 	if (h->job_id == 0)
 		goto malformed;
-	/* Membership and anti-spoofing: the sender must have joined the job as this worker id, from
-	 * this address, port and switch port, and may only set its own contributor bit. Checked
-	 * before anything reads or writes a slot, so no one outside a job can touch its slots. */
-	struct worker_key wk = { .job_id = h->job_id, .worker_id = h->worker_id };
-	struct worker *wm = bpf_map_lookup_elem(&workers, &wk);
-	if (!wm || h->worker_id >= XAGG_MAX_WORKERS || bm != (1u << h->worker_id) ||
-	    wm->ip != p->ip->saddr || wm->port != p->udp->source || wm->ifindex != ctx->ingress_ifindex) {
-		count(ctr, CNT_NOT_MEMBER);
-		return XDP_DROP;
-	}
-	/* The admitted job, for its slot quota. */
-	__u32 job_key = h->job_id;
-	struct job *j = bpf_map_lookup_elem(&jobs, &job_key);
+	struct job *j = data_sender_job(ctx, p, bm);
 	if (!j) {
 		count(ctr, CNT_NOT_MEMBER);
 		return XDP_DROP;
@@ -103,17 +191,7 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		__u64 *t = (__u64 *)sc->vals;
 		for (__u32 j = 0; j < CHUNK_WORDS; j++)
 			t[j] = 0;
-		/* 64-bit, opaque to clang, and two separate checks: clang must neither drop the zero
-		 * check (it knows tail_len != 0 here) nor merge both into one wrapping compare on a
-		 * copy of the register, which the verifier cannot follow to the helper's argument. */
-		__u64 len = tail_len;
-		barrier_var(len);
-		if (len == 0)
-			goto malformed;
-		barrier_var(len);
-		if (len >= sizeof(sc->vals))
-			goto malformed;
-		if (bpf_xdp_load_bytes(ctx, tail_off, sc->vals, len))
+		if (tail_xfer(ctx, tail_off, sc, tail_len, 0))
 			goto malformed;
 	}
 	/* Packet pointers after the helper call: re-derive them (load_bytes does not move data, but
@@ -135,58 +213,16 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 		goto malformed;
 	__u64 *stail = (__u64 *)s->vals + tail_word;
 
-	/* The contribution, as the slot's state machine sees it. Slot quota: the job may reserve a
-	 * slot it does not hold yet only while it holds fewer than max_slots; read once before the
-	 * lock (an atomic counter, changed after unlocking), CPUs racing past the check together
-	 * can overshoot by at most one slot each. */
-	struct contrib in = {
-		.job = h->job_id,
-		.seq = h->seq,
-		.bitmap = bm,
-		.nvals = n,
-		.fan_in = fan,
-		.scale_log2 = h->scale_log2,
-		.flags = h->flags & (F_ECN | F_OVERFLOW),
-		.resend = (h->flags & F_RESEND) != 0,
-		.quota_ok = (__s32)READ_ONCE(j->held) < (__s32)j->max_slots,
-		/* H as the job has it now (SetH changes it in place at any time): a slot completes
-		 * at the threshold in force when its H-th contribution arrives. */
-		.need = slot_need(fan, READ_ONCE(j->threshold)),
-		.now = bpf_ktime_get_ns(),
-	};
+	struct contrib in;
+	data_contrib(&in, h, j, bm, fan, n);
 	struct decision d = {};
 	__u32 out_bitmap = 0;
 	__u16 out_flags = 0;
 
 	bpf_spin_lock(&s->lock);
 	slot_decide(s, &in, &d);
-	int run = d.pass;
-	if (run != PASS_NONE) {
-		/* Chunks of XAGG_CHUNK lanes, each a fixed-trip loop with a branch-free body (a switch
-		 * pipeline stage does the same fixed work per pass). Only the outer loop exits early,
-		 * once per chunk, which keeps the verifier's path count at MAX/CHUNK instead of one per
-		 * value. One loop per pass kind keeps each body minimal: this is the hot path. */
-		__u64 ovf = 0;
-		if (run == PASS_COPY) {
-			copy_packet((__u64 *)s->vals, pv, data_end, nfull, 0);
-			if (tail_len) {
-				__u64 *t = (__u64 *)sc->vals;
-				for (__u32 j = 0; j < CHUNK_WORDS; j++)
-					stail[j] = t[j];
-			}
-		} else if (run == PASS_READ) {
-			copy_packet((__u64 *)s->vals, pv, data_end, nfull, 1);
-			if (tail_len) {
-				__u64 *t = (__u64 *)sc->vals;
-				for (__u32 j = 0; j < CHUNK_WORDS; j++)
-					t[j] = stail[j];
-			}
-		} else {
-			ovf = add_packet((__u64 *)s->vals, pv, data_end, nfull, run == PASS_ADD_OUT);
-			if (tail_len)
-				ovf |= add_tail(stail, (__u64 *)sc->vals);
-		}
-		if (ovf)
+	if (d.pass != PASS_NONE) {
+		if (value_pass(d.pass, s, stail, pv, data_end, nfull, tail_len, (__u64 *)sc->vals))
 			s->flags |= F_OVERFLOW;
 		slot_settle(s, &d, in.need);
 		out_bitmap = s->bitmap;
@@ -226,54 +262,11 @@ static __always_inline int handle_data(struct xdp_md *ctx, struct counters *ctr,
 	case V_FLUSH:
 		break;
 	}
-
 	/* The full chunks already hold the sum; the tail comes from the scratch. A completing
 	 * PASS_COPY (a partial aggregate that completes alone) already carries the sum. */
-	if (tail_len) {
-		__u64 len = tail_len;
-		barrier_var(len);
-		if (len == 0)
-			return XDP_ABORTED;
-		barrier_var(len);
-		if (len >= sizeof(sc->vals))
-			return XDP_ABORTED;
-		if (bpf_xdp_store_bytes(ctx, tail_off, sc->vals, len))
-			return XDP_ABORTED;
-	}
-	/* store_bytes may move packet data: re-derive the header pointers with fresh checks. */
-	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
-	struct pkt q;
-	if (parse(&c, &q) != PARSE_OK)
+	if (tail_len && tail_xfer(ctx, tail_off, sc, tail_len, 1))
 		return XDP_ABORTED;
-
-	if (verdict == V_FLUSH) {
-		/* The partial aggregate goes on to the PS as DATA with the slot's contributors. */
-		if (q.h->flags & F_LEVEL1)
-			q.h->bitmap1 = out_bitmap;
-		else
-			q.h->bitmap0 = out_bitmap;
-		q.h->flags |= out_flags & (F_ECN | F_OVERFLOW);
-		count(ctr, CNT_FLUSHED);
-		return to_ps(ctr, &q, 0);
-	}
-
-	if (verdict == V_SHADOW) {
-		/* Unicast back to the sender: swap L2/L3 endpoints; the IP checksum is unchanged by a swap. */
-		make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH | F_SHADOW);
-		reply_in_place(&q);
-		count(ctr, CNT_SHADOW_TX);
-		return XDP_TX;
-	}
-
-	make_result(q.h, out_bitmap, out_flags, F_FROM_SWITCH);
-	q.udp->check = 0; /* payload changed; egress zeroes it too, but a result must be valid anywhere */
-	if (cache_results)
-		cache_result(ctx, ctr, sizeof(struct hdr) + (__u64)n * 4);
-	count(ctr, CNT_AGGREGATED);
-	count(ctr, CNT_COMPLETED);
-	if (out_flags & F_OVERFLOW)
-		count(ctr, CNT_OVERFLOW);
-	return broadcast(ctr);
+	return data_send(ctx, ctr, verdict, out_bitmap, out_flags, n);
 
 malformed:
 	count(ctr, CNT_MALFORMED);
