@@ -124,7 +124,7 @@ type outcome struct {
 
 func seqAfter(a, b uint32) bool { return int32(a-b) > 0 }
 
-// step mirrors parse and handle_data of xdpagg.c for a DATA frame that parses as xdpagg (lengths
+// step mirrors parse and handle_data (bpf/dense_handlers.h) for a DATA frame that parses as xdpagg (lengths
 // agree, no IP options, fragments or bad checksums). No slot ever times out (the switch under
 // test has a one-hour timeout).
 func (m *model) step(f frame) outcome {

@@ -324,7 +324,8 @@ func Cold(pairs []byte, i int) (key uint64, bits uint32) {
 }
 
 // ParsePacket parses one xdpagg UDP payload and checks it as the switch does (parse_l4 in
-// bpf/parse.h, then handle_data/handle_result and the type dispatch of bpf/xdpagg.c), so a packet
+// bpf/parse.h, handle_data/handle_result in bpf/dense_handlers.h, the type dispatch of
+// bpf/xdpagg.c), so a packet
 // a host accepts is one the switch would not count malformed, and vice versa:
 //
 //   - version is Version and the reserved byte is 0;
