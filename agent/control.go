@@ -254,26 +254,26 @@ func (w *warnLimiter) allow(ifindex int, now time.Time) (suppressed uint64, ok b
 }
 
 func msgName(t uint8) string {
-	switch bpf.XdpaggMsgType(t) {
-	case bpf.XdpaggMsgTypeMSG_JOIN:
+	switch t {
+	case wire.MsgJoin:
 		return "JOIN"
-	case bpf.XdpaggMsgTypeMSG_LEAVE:
+	case wire.MsgLeave:
 		return "LEAVE"
-	case bpf.XdpaggMsgTypeMSG_RETRANSMIT:
+	case wire.MsgRetransmit:
 		return "HELP (RETRANSMIT)"
-	case bpf.XdpaggMsgTypeMSG_HELP:
+	case wire.MsgHelp:
 		return "HELP answer"
-	case bpf.XdpaggMsgTypeMSG_ACK:
+	case wire.MsgAck:
 		return "ACK"
-	case bpf.XdpaggMsgTypeMSG_RESET:
+	case wire.MsgReset:
 		return "RESET"
-	case bpf.XdpaggMsgTypeMSG_HALT:
+	case wire.MsgHalt:
 		return "HALT"
-	case bpf.XdpaggMsgTypeMSG_SETH:
+	case wire.MsgSetH:
 		return "SETH"
-	case bpf.XdpaggMsgTypeMSG_FBCAST:
+	case wire.MsgFBcast:
 		return "FBCAST"
-	case bpf.XdpaggMsgTypeMSG_HEARTBEAT:
+	case wire.MsgHeartbeat:
 		return "HEARTBEAT"
 	}
 	return fmt.Sprintf("type %d", t)
@@ -281,17 +281,17 @@ func msgName(t uint8) string {
 
 // bodySize is the size of a message's body between header and trailer.
 func bodySize(h wire.Header) (int, bool) {
-	switch t := bpf.XdpaggMsgType(h.Type); t {
-	case bpf.XdpaggMsgTypeMSG_HELP:
+	switch h.Type {
+	case wire.MsgHelp:
 		// A member's answer: the help body and one part of a result. (The agent's own requests
 		// are header only, and go to members, never to it.)
 		return wire.HelpBodySize + 4*int(h.Count), h.Count >= 1 && int(h.Count) <= wire.HelpPartValues
-	case bpf.XdpaggMsgTypeMSG_JOIN, bpf.XdpaggMsgTypeMSG_LEAVE:
+	case wire.MsgJoin, wire.MsgLeave:
 		return binary.Size(bpf.XdpaggJoinBody{}), true
-	case bpf.XdpaggMsgTypeMSG_SETH:
+	case wire.MsgSetH:
 		return binary.Size(bpf.XdpaggSethBody{}), true
-	case bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT,
-		bpf.XdpaggMsgTypeMSG_FBCAST:
+	case wire.MsgAck, wire.MsgRetransmit, wire.MsgReset, wire.MsgHalt,
+		wire.MsgFBcast:
 		return 0, true
 	}
 	return 0, false
@@ -331,9 +331,9 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	if h.Version != wire.Version || h.JobId == 0 || h.Reserved != 0 || (h.Count != 0 && h.Type != wire.MsgHelp) {
 		return refuse(RejectMalformed, "version %d job %d reserved %d count %d", h.Version, h.JobId, h.Reserved, h.Count)
 	}
-	typ := bpf.XdpaggMsgType(h.Type)
+	typ := h.Type
 	body, ok := bodySize(h)
-	if !ok && typ == bpf.XdpaggMsgTypeMSG_HELP {
+	if !ok && typ == wire.MsgHelp {
 		return refuse(RejectMalformed, "HELP answer of %d values: a part holds 1..%d", h.Count, wire.HelpPartValues)
 	}
 	if !ok {
@@ -380,7 +380,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	var hb bpf.XdpaggHelpBody
 	lateHelp := false
 	switch typ {
-	case bpf.XdpaggMsgTypeMSG_JOIN:
+	case wire.MsgJoin:
 		if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &jb); err != nil {
 			return refuse(RejectMalformed, "join body: %w", err)
 		}
@@ -398,21 +398,21 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if err := c.mayJoin(h, ifindex, from, bound, binding, now); err != nil {
 			return err
 		}
-	case bpf.XdpaggMsgTypeMSG_LEAVE:
+	case wire.MsgLeave:
 		// Only the binding itself may leave; a resent LEAVE (its ACK lost) finds none and is
 		// acknowledged again.
 		if bound && !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "LEAVE of job %d worker %d from %v on ifindex %d; bound at %v on ifindex %d", h.JobId, h.WorkerId, from, ifindex, binding.Addr, binding.Ifindex)
 		}
-	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK, bpf.XdpaggMsgTypeMSG_RESET, bpf.XdpaggMsgTypeMSG_HALT,
-		bpf.XdpaggMsgTypeMSG_SETH, bpf.XdpaggMsgTypeMSG_FBCAST, bpf.XdpaggMsgTypeMSG_HELP:
+	case wire.MsgRetransmit, wire.MsgAck, wire.MsgReset, wire.MsgHalt,
+		wire.MsgSetH, wire.MsgFBcast, wire.MsgHelp:
 		// Only the worker id's binding may ask for (or acknowledge) its job's results, reset,
 		// halt, re-threshold or flush its job, or answer the agent's Help request with a result
 		// (members are trusted with their job's state and sums, and only with them).
 		if !bound || !isBinding(binding, ifindex, from) {
 			return refuse(RejectNotMember, "%s of job %d worker %d from %v on ifindex %d", msgName(h.Type), h.JobId, h.WorkerId, from, ifindex)
 		}
-		if typ != bpf.XdpaggMsgTypeMSG_HELP {
+		if typ != wire.MsgHelp {
 			break
 		}
 		// A HELP answer only from a worker id the agent asked for that result.
@@ -423,7 +423,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		}
 	}
 	var newH uint8
-	if typ == bpf.XdpaggMsgTypeMSG_SETH {
+	if typ == wire.MsgSetH {
 		var sb bpf.XdpaggSethBody
 		if _, err := binary.Decode(msg[wire.HdrSize:], binary.LittleEndian, &sb); err != nil {
 			return refuse(RejectMalformed, "seth body: %w", err)
@@ -436,20 +436,20 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 	// The stamp is checked (and used up) before anything changes, so a recorded message cannot
 	// be played again.
 	rref := ref
-	rref.answers = typ == bpf.XdpaggMsgTypeMSG_HELP
+	rref.answers = typ == wire.MsgHelp
 	if err := c.replay.Check(rref, stamp); err != nil {
 		return refuse(RejectReplay, "%s of job %d worker %d: %w", msgName(h.Type), h.JobId, h.WorkerId, err)
 	}
 
 	switch typ {
-	case bpf.XdpaggMsgTypeMSG_HELP:
+	case wire.MsgHelp:
 		c.touch(ref, now)
 		if lateHelp {
 			c.helpSt.late.Add(1)
 			return nil
 		}
 		return c.takeHelpAnswer(h, hb, msg, now) // answers are not acknowledged
-	case bpf.XdpaggMsgTypeMSG_JOIN:
+	case wire.MsgJoin:
 		m := maps.Member{JobID: h.JobId, WorkerID: h.WorkerId, Ifindex: uint32(ifindex), Addr: from,
 			MAC: net.HardwareAddr(jb.Mac[:]), PortMAC: portMAC, SrcIP: job.PS.Addr()}
 		if err := c.maps.PutMember(m); err != nil {
@@ -462,7 +462,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		if !bound || !isBinding(binding, ifindex, from) {
 			c.log.Info("worker joined", "job", h.JobId, "worker", h.WorkerId, "addr", from, "ifindex", ifindex, "mac", m.MAC)
 		}
-	case bpf.XdpaggMsgTypeMSG_LEAVE:
+	case wire.MsgLeave:
 		if bound {
 			if err := c.maps.DeleteMember(h.JobId, uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
@@ -473,7 +473,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			c.mu.Unlock()
 			c.log.Info("worker left", "job", h.JobId, "worker", h.WorkerId, "addr", from)
 		}
-	case bpf.XdpaggMsgTypeMSG_RESET:
+	case wire.MsgReset:
 		c.touch(ref, now)
 		freed, err := c.maps.ResetJob(h.JobId)
 		if err != nil {
@@ -481,7 +481,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 		}
 		// The retransmit cache keeps the job's completed sums: they are still right.
 		c.log.Info("job reset", "job", h.JobId, "by_worker", h.WorkerId, "slots_freed", freed)
-	case bpf.XdpaggMsgTypeMSG_HALT:
+	case wire.MsgHalt:
 		c.touch(ref, now)
 		c.mu.Lock()
 		c.halted[h.JobId] = haltNotice{seq: h.Seq, until: now.Add(HaltWindow)}
@@ -491,18 +491,18 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 			return err
 		}
 		c.log.Info("job halted", "job", h.JobId, "by_worker", h.WorkerId, "members_told", n)
-	case bpf.XdpaggMsgTypeMSG_SETH:
+	case wire.MsgSetH:
 		c.touch(ref, now)
 		if err := c.maps.SetThreshold(h.JobId, newH); err != nil {
 			return err
 		}
 		c.log.Info("job threshold set", "job", h.JobId, "by_worker", h.WorkerId, "threshold", newH, "workers", job.Workers)
-	case bpf.XdpaggMsgTypeMSG_FBCAST:
+	case wire.MsgFBcast:
 		c.touch(ref, now)
 		if err := c.fbcast(h, from); err != nil {
 			return err
 		}
-	case bpf.XdpaggMsgTypeMSG_RETRANSMIT, bpf.XdpaggMsgTypeMSG_ACK:
+	case wire.MsgRetransmit, wire.MsgAck:
 		c.touch(ref, now)
 		// A member of a job halted a moment ago that is still asking for results did not hear
 		// of it (the notice was lost): tell it again.
@@ -514,7 +514,7 @@ func (c *ControlServer) handle(b []byte, ifindex int, from netip.AddrPort) error
 				return err
 			}
 		}
-		if typ == bpf.XdpaggMsgTypeMSG_ACK {
+		if typ == wire.MsgAck {
 			if c.cache != nil {
 				c.cache.Ack(h.JobId, h.WorkerId, h.Seq) // cumulative: every result before seq
 			}

@@ -513,8 +513,8 @@ func FuzzControlHandle(f *testing.F) {
 				prev, wasBound := before.workers[wk]
 				fromBinding := wasBound && prev == sender
 				takeable := meta&fzTinyTTL != 0 // a fresh server: nobody is silent for the default TTL
-				switch bpf.XdpaggMsgType(h.Type) {
-				case bpf.XdpaggMsgTypeMSG_JOIN:
+				switch h.Type {
+				case wire.MsgJoin:
 					var jb bpf.XdpaggJoinBody
 					_, _ = binary.Decode(body[wire.HdrSize:], binary.LittleEndian, &jb)
 					mv, ok := after.members[mk]
@@ -538,7 +538,7 @@ func FuzzControlHandle(f *testing.F) {
 					if !there && n >= fzCtlPerPort {
 						t.Fatalf("message %d: JOIN %+v made a member behind port %d, which had %d (at most %d)", i, h, ifindex, n, fzCtlPerPort)
 					}
-				case bpf.XdpaggMsgTypeMSG_SETH:
+				case wire.MsgSetH:
 					hv := binary.LittleEndian.Uint32(body[wire.HdrSize:])
 					if !fromBinding || hv < 1 || hv > uint32(j.workers) || after.jobs[h.JobId].Threshold != uint8(hv) {
 						t.Fatalf("message %d: SETH %+v (H %d) from %v on %d accepted: binding %v, threshold now %d", i, h, hv, from, ifindex, fromBinding, after.jobs[h.JobId].Threshold)
@@ -551,7 +551,7 @@ func FuzzControlHandle(f *testing.F) {
 					if !reflect.DeepEqual(want, after) {
 						t.Fatalf("message %d: SETH %+v changed more than its job's threshold", i, h)
 					}
-				case bpf.XdpaggMsgTypeMSG_LEAVE:
+				case wire.MsgLeave:
 					if bound {
 						t.Fatalf("message %d: LEAVE %+v accepted, worker still bound at %+v", i, h, w)
 					}

@@ -69,7 +69,7 @@ func mgKey(t *testing.T) []byte {
 // testSlot is a slot of job in use: every field set, values a pattern of seed.
 func testSlot(job, seq uint32, state bpf.XdpaggSlotState, seed int32) bpf.XdpaggSlot {
 	s := bpf.XdpaggSlot{JobId: job, Seq: seq, Bitmap: 0b101, Nvals: 100, State: uint8(state), Counter: 2,
-		FanIn: 3, ScaleLog2: 4, Flags: uint16(bpf.XdpaggFlagF_ECN)}
+		FanIn: 3, ScaleLog2: 4, Flags: wire.FlagECN}
 	for i := range s.Vals {
 		s.Vals[i] = seed*int32(i) - 7
 	}

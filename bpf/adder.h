@@ -102,4 +102,33 @@ static __always_inline void copy_packet(__u64 *sv, void *pv0, void *end, __u32 n
 	}
 }
 
+/* The value pass the slot state machine chose (enum value_pass), under the slot's lock, over the
+ * fragment's nfull full chunks at pv and, when it has one (tail), its tail chunk: the scratch tv
+ * against the slot lanes stail. Returns overflow bits (nonzero: overflowed).
+ *
+ * Chunks of XAGG_CHUNK lanes, each a fixed-trip loop with a branch-free body (a switch pipeline
+ * stage does the same fixed work per pass). Only the outer loop exits early, once per chunk, which
+ * keeps the verifier's path count at MAX/CHUNK instead of one per value. One loop per pass kind
+ * keeps each body minimal: this is the hot path. */
+static __always_inline __u64 value_pass(int run, struct slot *s, __u64 *stail, void *pv, void *end, __u32 nfull, __u32 tail, __u64 *tv)
+{
+	__u64 ovf = 0;
+	if (run == PASS_COPY) {
+		copy_packet((__u64 *)s->vals, pv, end, nfull, 0);
+		if (tail)
+			for (__u32 j = 0; j < CHUNK_WORDS; j++)
+				stail[j] = tv[j];
+	} else if (run == PASS_READ) {
+		copy_packet((__u64 *)s->vals, pv, end, nfull, 1);
+		if (tail)
+			for (__u32 j = 0; j < CHUNK_WORDS; j++)
+				tv[j] = stail[j];
+	} else {
+		ovf = add_packet((__u64 *)s->vals, pv, end, nfull, run == PASS_ADD_OUT);
+		if (tail)
+			ovf |= add_tail(stail, tv);
+	}
+	return ovf;
+}
+
 #endif

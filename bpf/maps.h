@@ -189,4 +189,22 @@ static __always_inline void count(struct counters *c, __u32 id)
 		c->cnt[id] += 1; /* per-CPU: no atomics needed */
 }
 
+/* Fields that other CPUs change outside the value's lock (atomic adds, the agent's updates in place). */
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
+#ifndef WRITE_ONCE
+#define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
+#endif
+
+/* The entry of a per-port map (keyed by ifindex) for this port, made from zero on first use. */
+static __always_inline void *port_entry(void *map, __u32 ifindex, void *zero)
+{
+	void *v = bpf_map_lookup_elem(map, &ifindex);
+	if (v)
+		return v;
+	bpf_map_update_elem(map, &ifindex, zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, &ifindex);
+}
+
 #endif

@@ -124,7 +124,7 @@ type outcome struct {
 
 func seqAfter(a, b uint32) bool { return int32(a-b) > 0 }
 
-// step mirrors parse and handle_data of xdpagg.c for a DATA frame that parses as xdpagg (lengths
+// step mirrors parse and handle_data (bpf/dense_handlers.h) for a DATA frame that parses as xdpagg (lengths
 // agree, no IP options, fragments or bad checksums). No slot ever times out (the switch under
 // test has a one-hour timeout).
 func (m *model) step(f frame) outcome {
@@ -249,7 +249,7 @@ func (m *model) step(f frame) outcome {
 	return outcome{verdict: xdpRedirect, delta: dl, out: ptr(asResult(f, s.bitmap, result(fFromSwitch), s.vals[:n])), what: "completed", how: how}
 }
 
-// The slot state machine of bpf/state.h, step for step: enum data_verdict, enum value_pass,
+// The slot state machine of bpf/slot.h, step for step: enum data_verdict, enum value_pass,
 // struct contrib and struct decision, slot_decide and slot_settle. No slot of the model ever
 // times out (the switch under test has a one-hour timeout), so "stale" is always false.
 const (

@@ -80,7 +80,7 @@ static __always_inline void cache_result(struct xdp_md *ctx, struct counters *ct
 		count(ctr, CNT_CACHE_FULL);
 		return;
 	}
-	asm volatile("" : "+r"(len));
+	barrier_var(len);
 	if (len < sizeof(struct hdr) + 4 || len > sizeof(*rec) ||
 	    bpf_xdp_load_bytes(ctx, OFF_HDR, rec, len)) {
 		bpf_ringbuf_discard(rec, 0);

@@ -16,13 +16,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/xdpagg/xdpagg/bpf"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // Sizes of the key and of the trailer (struct ctl_auth, struct job_key).
 const (
-	KeySize     = int(bpf.XdpaggLimitLIMIT_JOB_KEY_SIZE)
-	TrailerSize = int(bpf.XdpaggLimitLIMIT_CTL_AUTH_SIZE)
+	KeySize     = wire.JobKeySize
+	TrailerSize = wire.CtlAuthSize
 	TagSize     = TrailerSize - 8
 )
 

@@ -28,7 +28,7 @@ var (
 )
 
 // KeySize is the size of a job's control key.
-const KeySize = int(bpf.XdpaggLimitLIMIT_JOB_KEY_SIZE)
+const KeySize = wire.JobKeySize
 
 // DefaultMaxSlots is the slot quota of a job admitted without one: a quarter of the pool, at
 // least 2·64 (the default window's rotation, 2W) where the pool allows it. A quarter leaves

@@ -409,8 +409,8 @@ func TestRemoveJob(t *testing.T) {
 // dataFrame is an Ethernet/IPv4/UDP frame with worker id w's DATA for <job, seq> at slot idx
 // (one value), from src to the switch's port.
 func dataFrame(job, seq, idx uint32, w, fan uint8, src netip.AddrPort) []byte {
-	h := bpf.XdpaggHdr{Version: wire.Version, Type: uint8(bpf.XdpaggMsgTypeMSG_DATA),
-		Encoding: uint8(bpf.XdpaggEncodingENC_FIXED32), ScaleLog2: 24, Count: 1,
+	h := bpf.XdpaggHdr{Version: wire.Version, Type: wire.MsgData,
+		Encoding: wire.EncFixed32, ScaleLog2: 24, Count: 1,
 		JobId: job, Seq: seq, AggIndex: idx, Bitmap0: 1 << w, FanIn0: fan, WorkerId: w}
 	payload, err := binary.Append(nil, binary.LittleEndian, &h)
 	if err != nil {

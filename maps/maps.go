@@ -305,8 +305,8 @@ func (m *Maps) SlotsInUse() ([]SlotInfo, error) {
 		info := SlotInfo{
 			Index: idx, JobID: s.JobId, Seq: s.Seq, State: StateName(s.State), Bitmap: s.Bitmap,
 			Counter: s.Counter, FanIn: s.FanIn, Values: s.Nvals,
-			Overflow: s.Flags&uint16(bpf.XdpaggFlagF_OVERFLOW) != 0,
-			ECN:      s.Flags&uint16(bpf.XdpaggFlagF_ECN) != 0,
+			Overflow: s.Flags&wire.FlagOverflow != 0,
+			ECN:      s.Flags&wire.FlagECN != 0,
 		}
 		if now > s.TsNs {
 			info.Age = time.Duration(now - s.TsNs)

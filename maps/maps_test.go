@@ -19,6 +19,7 @@ import (
 	"github.com/xdpagg/xdpagg/internal/bpftest"
 	"github.com/xdpagg/xdpagg/loader"
 	"github.com/xdpagg/xdpagg/maps"
+	"github.com/xdpagg/xdpagg/wire"
 )
 
 // bpffsDir mounts a private bpffs in a temporary directory and unmounts it at cleanup.
@@ -301,11 +302,11 @@ func TestSlots(t *testing.T) {
 
 	agg := bpf.XdpaggSlot{JobId: 7, Seq: 3, Bitmap: 0b101, Nvals: 360,
 		State: uint8(bpf.XdpaggSlotStateSLOT_AGGREGATING), Counter: 2, FanIn: 4,
-		Flags: uint16(bpf.XdpaggFlagF_OVERFLOW), TsNs: ^uint64(0)} // in the future: age 0
+		Flags: wire.FlagOverflow, TsNs: ^uint64(0)} // in the future: age 0
 	agg.Vals[0] = 42
 	done := bpf.XdpaggSlot{JobId: 8, Seq: 1, Bitmap: 1, Nvals: 1,
 		State: uint8(bpf.XdpaggSlotStateSLOT_COMPLETE), Counter: 1, FanIn: 1,
-		Flags: uint16(bpf.XdpaggFlagF_ECN), TsNs: 1}
+		Flags: wire.FlagECN, TsNs: 1}
 	if err := m.Slots.Put(uint32(5), &agg); err != nil {
 		t.Fatalf("put slot: %v", err)
 	}

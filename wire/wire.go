@@ -34,6 +34,8 @@ const (
 	HdrSize = 32
 	// CtlAuthSize is the size of a control message's authentication trailer (struct ctl_auth).
 	CtlAuthSize = 24
+	// JobKeySize is the size of a job's (and the controller's) control key (struct job_key).
+	JobKeySize = 32
 	// MaxPacket is the largest xdpagg UDP payload: the header and MaxValues 4-byte values.
 	MaxPacket = HdrSize + 4*MaxValues
 	// SparseHdrSize is the size of the sparse header (struct sparse_hdr) after the header.
@@ -322,7 +324,8 @@ func Cold(pairs []byte, i int) (key uint64, bits uint32) {
 }
 
 // ParsePacket parses one xdpagg UDP payload and checks it as the switch does (parse_l4 in
-// bpf/parse.h, then handle_data/handle_result and the type dispatch of bpf/xdpagg.c), so a packet
+// bpf/parse.h, handle_data/handle_result in bpf/dense_handlers.h, the type dispatch of
+// bpf/xdpagg.c), so a packet
 // a host accepts is one the switch would not count malformed, and vice versa:
 //
 //   - version is Version and the reserved byte is 0;

@@ -92,6 +92,8 @@ func TestConstantsMatchGenerated(t *testing.T) {
 		{"MaxWorkers", MaxWorkers, uint64(bpf.MaxWorkers)},
 		{"HdrSize", HdrSize, uint64(bpf.HdrSize)},
 		{"CtlAuthSize", CtlAuthSize, uint64(bpf.XdpaggLimitLIMIT_CTL_AUTH_SIZE)},
+		{"JobKeySize", JobKeySize, uint64(bpf.XdpaggLimitLIMIT_JOB_KEY_SIZE)},
+		{"JobKeySize (struct)", JobKeySize, uint64(unsafe.Sizeof(bpf.XdpaggJobKey{}))},
 		{"MsgData", uint64(MsgData), uint64(bpf.XdpaggMsgTypeMSG_DATA)},
 		{"MsgResult", uint64(MsgResult), uint64(bpf.XdpaggMsgTypeMSG_RESULT)},
 		{"MsgJoin", uint64(MsgJoin), uint64(bpf.XdpaggMsgTypeMSG_JOIN)},

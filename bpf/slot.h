@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * State: the slot state machine (a pure decision under the slot's lock, which bpf/model_test.go
- * mirrors step for step), slot quotas, per-port phantom queues and control budgets, and the
- * garbage collector's compare-and-free.
+ * The slot state machine: slot_decide, a pure decision under the slot's lock (which
+ * bpf/model_test.go mirrors step for step), slot_settle after the value pass, and the slot quota's
+ * release.
  */
-#ifndef __XDPAGG_STATE_H
-#define __XDPAGG_STATE_H
+#ifndef __XDPAGG_SLOT_H
+#define __XDPAGG_SLOT_H
 
 /* Serial-number comparison (RFC 1982): is a after b, with wrap-around. */
 static __always_inline int seq_after(__u32 a, __u32 b)
@@ -26,100 +26,12 @@ enum data_verdict {
 	V_OVER_QUOTA,     /* the slot could be reserved, but the job holds its quota of slots */
 };
 
-#ifndef READ_ONCE
-#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
-#endif
-#ifndef WRITE_ONCE
-#define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
-#endif
-
 /* A slot of job_id was freed or taken by another job: one slot less held by job_id. */
 static __always_inline void job_release_slot(__u32 job_id)
 {
 	struct job *o = bpf_map_lookup_elem(&jobs, &job_id);
 	if (o)
 		__sync_fetch_and_add(&o->held, -1);
-}
-
-/* The entry of a per-port map (keyed by ifindex) for this port, made from zero on first use. */
-static __always_inline void *port_entry(void *map, __u32 ifindex, void *zero)
-{
-	void *v = bpf_map_lookup_elem(map, &ifindex);
-	if (v)
-		return v;
-	bpf_map_update_elem(map, &ifindex, zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(map, &ifindex);
-}
-
-/* Account len bytes arriving at the port to its phantom queue, which drains at port_rate_Bps.
- * Returns nonzero when the backlog is over ecn_threshold_bytes: the link into this port carries
- * more than its capacity (whoever sends it: TCP counts too). Accounted: every frame passed to the
- * kernel and every xdpagg DATA packet, so the program sees nearly the port's whole arrival rate;
- * RESULTs, control messages and dropped frames are not. */
-static __always_inline int port_congested(struct xdp_md *ctx, __u64 len, int data)
-{
-	struct port_queue zero = {};
-	struct port_queue *q = port_entry(&port_queues, ctx->ingress_ifindex, &zero);
-	if (!q)
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	int over;
-	bpf_spin_lock(&q->lock);
-	__u64 dt = now - q->last_ns;
-	/* Drain: dt * rate / 1e9, without overflowing for long idle gaps (cap dt at 1 s). */
-	if (dt > 1000000000ULL)
-		dt = 1000000000ULL;
-	__u64 drained = dt * (port_rate_Bps >> 10) / (1000000000ULL >> 10);
-	q->vq_bytes = q->vq_bytes > drained ? q->vq_bytes - drained : 0;
-	q->vq_bytes += len;
-	q->last_ns = now;
-	over = q->vq_bytes > ecn_threshold_bytes;
-	if (over && data)
-		q->marks++;
-	bpf_spin_unlock(&q->lock);
-	return over;
-}
-
-/* Per-port budget for control messages (GCRA), so that one port's flood cannot fill the agent's
- * socket for the others: returns nonzero if this message is within its port's budget. */
-static __always_inline int ctl_admit(struct xdp_md *ctx)
-{
-	struct ctl_bucket zero = {};
-	struct ctl_bucket *b = port_entry(&ctl_budget, ctx->ingress_ifindex, &zero);
-	if (!b)
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	int ok = 0;
-	bpf_spin_lock(&b->lock);
-	__u64 tat = b->tat > now ? b->tat : now;
-	if (tat - now <= ctl_burst_ns) {
-		b->tat = tat + ctl_interval_ns;
-		ok = 1;
-	} else {
-		b->dropped++;
-	}
-	bpf_spin_unlock(&b->lock);
-	return ok;
-}
-
-/* One slot of the garbage collector: 1 if it freed the slot. A global function, verified once on
- * its own rather than once per loop iteration. */
-__noinline int gc_slot(__u32 idx, __u32 job, __u64 now)
-{
-	struct slot *s = bpf_map_lookup_elem(&slots, &idx);
-	if (!s)
-		return 0;
-	__u32 owner = 0;
-	bpf_spin_lock(&s->lock);
-	if (s->state != SLOT_FREE && (job ? s->job_id == job : now - s->ts_ns > slot_timeout_ns)) {
-		s->state = SLOT_FREE;
-		owner = s->job_id;
-	}
-	bpf_spin_unlock(&s->lock);
-	if (!owner)
-		return 0;
-	job_release_slot(owner);
-	return 1;
 }
 
 /* Which value pass the locked section runs over the fragment's chunks. */
