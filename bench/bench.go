@@ -185,7 +185,10 @@ type Cell struct {
 	// CoresBusy is how many cores were busy on average while the cell's timed runs ran: the
 	// busy time (/proc/stat: all but idle and iowait; others' load included) of the counted CPUs
 	// (Report.CPUs, or every online CPU) summed over the timed runs, over their wall time summed.
-	CoresBusy float64 `json:"cores_busy"`
+	// CoresBusyErr is the standard deviation of CoresBusy that /proc/stat's 10 ms units alone
+	// cause (coresBusyError): large where the timed runs are short.
+	CoresBusy    float64 `json:"cores_busy"`
+	CoresBusyErr float64 `json:"cores_busy_stddev"`
 	// The split of CPUSecPerGB into the workers' side and the switch's side (Report.CPUSplit
 	// says what each includes per mode); absent where a side cannot be told apart.
 	WorkerCPUPerGB *float64 `json:"worker_cpu_s_per_GB,omitempty"`
@@ -468,7 +471,7 @@ func runWorkers(ctx context.Context, opts Options, w int, rate uint64, rep *Repo
 				c.AlgBWGBps = float64(s.bytes) / c.Median / 1e9
 				gb := float64(s.bytes) * float64(len(c.Seconds)) / 1e9
 				c.CPUSecPerGB, c.MachineCPUPerGB = s.busy[name]/gb, s.machine[name]/gb
-				c.CoresBusy = s.cores[name].coresBusy()
+				c.CoresBusy, c.CoresBusyErr = s.cores[name].coresBusy()
 				c.WorkerCPUPerGB, c.SwitchCPUPerGB = splitCPU(name, c.CPUSecPerGB, s.switched[name], s.metered[name], s.bytes)
 			}
 			rep.Cells = append(rep.Cells, *c)

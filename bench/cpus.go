@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -248,6 +249,7 @@ func coresBusy(busy, wall float64) float64 {
 type coreMeter struct {
 	cpus       []int
 	busy, wall float64
+	intervals  int
 	busy0      float64
 	start0     time.Time
 }
@@ -262,8 +264,33 @@ func (m *coreMeter) stop() {
 	if m != nil {
 		m.wall += time.Since(m.start0).Seconds()
 		m.busy += busyCPUOn(m.cpus) - m.busy0
+		m.intervals++
 	}
 }
 
-// coresBusy is how many of the CPUs were busy on average over the intervals.
-func (m *coreMeter) coresBusy() float64 { return coresBusy(m.busy, m.wall) }
+// coresBusy is how many of the CPUs were busy on average over the intervals, and the standard
+// deviation of that figure that /proc/stat's rounding alone causes (coresBusyError).
+func (m *coreMeter) coresBusy() (cores, stddev float64) {
+	k := len(m.cpus)
+	if k == 0 {
+		k = coreCount()
+	}
+	return coresBusy(m.busy, m.wall), coresBusyError(m.intervals, k, m.wall)
+}
+
+// coresBusyError is the standard deviation of a cores-busy figure from /proc/stat's rounding
+// alone, over n intervals of k CPUs lasting wall seconds in all. /proc/stat counts each CPU's
+// time in whole 10 ms units (USER_HZ), so a CPU's busy time over an interval, the difference of
+// two readings, is off by the difference of two roundings, each uniform in [0, 10 ms) when the
+// intervals fall at random against the counters: a standard deviation of 10 ms/√6 per CPU and
+// interval, and √(n·k) times that summed. Short intervals (a 40 KB allreduce takes well under
+// a millisecond) are far shorter than the unit, so their figure says little.
+func coresBusyError(n, k int, wall float64) float64 {
+	if wall <= 0 {
+		return 0
+	}
+	return statUnit / math.Sqrt(6) * math.Sqrt(float64(n*k)) / wall
+}
+
+// statUnit is /proc/stat's unit in seconds (USER_HZ = 100).
+const statUnit = 0.01

@@ -96,8 +96,18 @@ func TestCoresBusy(t *testing.T) {
 	var m *coreMeter // a nil meter measures nothing and does not fail
 	m.start()
 	m.stop()
-	if cm := (&coreMeter{busy: 3, wall: 4}); cm.coresBusy() != 0.75 {
-		t.Errorf("coreMeter.coresBusy = %v", cm.coresBusy())
+	if c, sd := (&coreMeter{cpus: []int{0, 1}, busy: 3, wall: 4, intervals: 3}).coresBusy(); c != 0.75 || math.Abs(sd-0.01/4) > 1e-12 {
+		t.Errorf("coreMeter.coresBusy = %v ± %v, want 0.75 ± 0.0025", c, sd)
+	}
+	// 10 ms/√6 per CPU and interval: 9 intervals of 2 CPUs over 45 ms (a 4 MiB cell on 2
+	// cores) is ±0.39 cores; 5 intervals of 16 CPUs over 0.5 s is ±0.073.
+	for _, c := range []struct {
+		n, k       int
+		wall, want float64
+	}{{1, 6, 0.01, 1}, {9, 2, 0.045, 0.3849}, {5, 16, 0.5, 0.0730}, {3, 2, 0, 0}} {
+		if got := coresBusyError(c.n, c.k, c.wall); math.Abs(got-c.want) > 1e-4 {
+			t.Errorf("coresBusyError(%d, %d, %v) = %v, want %v", c.n, c.k, c.wall, got, c.want)
+		}
 	}
 }
 

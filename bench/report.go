@@ -35,7 +35,8 @@ func (r *Report) Table(w io.Writer) {
 			fmt.Fprintf(w, "    %-6s %s\n", m, e)
 		}
 	}
-	fmt.Fprintf(w, "  cores busy: busy CPU-time (/proc/stat, everyone's load) of %s over the wall time of the cell's timed runs\n", r.countedCPUs())
+	fmt.Fprintf(w, "  cores busy: busy CPU-time (/proc/stat, everyone's load) of %s over the wall time of the cell's timed runs,\n"+
+		"    ± the standard deviation that /proc/stat's 10 ms units alone cause\n", r.countedCPUs())
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tW\tsize\tlink\tmedian ms\tp10 ms\tp90 ms\telements/s\talgbw GB/s\tCPU s/GB\tworker\tswitch\tcores busy\tverified\t")
@@ -44,9 +45,9 @@ func (r *Report) Table(w io.Writer) {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\tFAILED: %s\t\t\t\t\t\t\t\t\t\t\n", c.Mode, c.Workers, humanBytes(c.Bytes), FormatRate(c.LinkRate), c.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3g\t%.3f\t%.2f\t%s\t%s\t%.2f/%d\t%v\t\n", c.Mode, c.Workers, humanBytes(c.Bytes),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3g\t%.3f\t%.2f\t%s\t%s\t%.2f±%.2f/%d\t%v\t\n", c.Mode, c.Workers, humanBytes(c.Bytes),
 			FormatRate(c.LinkRate), 1e3*c.Median, 1e3*c.P10, 1e3*c.P90, c.ElementsPerSec, c.AlgBWGBps, c.CPUSecPerGB,
-			optional(c.WorkerCPUPerGB), optional(c.SwitchCPUPerGB), c.CoresBusy, r.countedCores(), c.Verified)
+			optional(c.WorkerCPUPerGB), optional(c.SwitchCPUPerGB), c.CoresBusy, c.CoresBusyErr, r.countedCores(), c.Verified)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nxdpagg speed-up over each mode (time(other)/time(xdpagg) over paired rounds; >1: xdpagg faster);")
@@ -73,7 +74,7 @@ func (r *Report) Table(w io.Writer) {
 // countedCPUs says which CPUs the cells' CoresBusy counts.
 func (r *Report) countedCPUs() string {
 	if len(r.CPUs) > 0 {
-		return fmt.Sprintf("CPUs %s, to which every process of every mode was pinned (%d online)", FormatCPUList(r.CPUs), r.Cores)
+		return fmt.Sprintf("CPU(s) %s, to which every process of every mode was pinned (%d online)", FormatCPUList(r.CPUs), r.Cores)
 	}
 	return fmt.Sprintf("all %d online CPUs (nothing pinned)", r.Cores)
 }

@@ -86,10 +86,14 @@ type SparseThroughput struct {
 	VsPSOnly, VsDense              float64 // sparse xdpagg's speed-up
 	HotShare                       float64 `json:"hot_share"` // pairs summed in the switch
 	RecircPerPkt                   float64 `json:"recirculations_per_packet"`
-	// Cores busy (as Cell.CoresBusy) over every timed round of each system, not only the best.
-	SparseCoresBusy float64 `json:"sparse_cores_busy"`
-	PSOnlyCoresBusy float64 `json:"ps_only_cores_busy"`
-	DenseCoresBusy  float64 `json:"dense_cores_busy"`
+	// Cores busy (as Cell.CoresBusy) over every timed round of each system, not only the best,
+	// and its standard deviation from /proc/stat's rounding (as Cell.CoresBusyErr).
+	SparseCoresBusy    float64 `json:"sparse_cores_busy"`
+	PSOnlyCoresBusy    float64 `json:"ps_only_cores_busy"`
+	DenseCoresBusy     float64 `json:"dense_cores_busy"`
+	SparseCoresBusyErr float64 `json:"sparse_cores_busy_stddev"`
+	PSOnlyCoresBusyErr float64 `json:"ps_only_cores_busy_stddev"`
+	DenseCoresBusyErr  float64 `json:"dense_cores_busy_stddev"`
 }
 
 // SparseLayout is one row of the Fig. 10 table.
@@ -216,7 +220,9 @@ func Sparse(ctx context.Context, o SparseOptions) (_ *SparseResult, err error) {
 			settle()
 			row.SparsePPS, row.PSOnlyPPS, row.DensePPS = row.Pairs/row.SparseSec, row.Pairs/row.PSOnlySec, row.Pairs/row.DenseSec
 			row.VsPSOnly, row.VsDense = row.PSOnlySec/row.SparseSec, row.DenseSec/row.SparseSec
-			row.SparseCoresBusy, row.PSOnlyCoresBusy, row.DenseCoresBusy = sparseM.coresBusy(), psM.coresBusy(), denseM.coresBusy()
+			row.SparseCoresBusy, row.SparseCoresBusyErr = sparseM.coresBusy()
+			row.PSOnlyCoresBusy, row.PSOnlyCoresBusyErr = psM.coresBusy()
+			row.DenseCoresBusy, row.DenseCoresBusyErr = denseM.coresBusy()
 			res.Throughput = append(res.Throughput, row)
 		}
 	}
@@ -488,13 +494,13 @@ func runSparseDense(ctx context.Context, o SparseOptions, w, elems int, rate uin
 func (r *SparseResult) Table(out io.Writer) {
 	fmt.Fprintf(out, "sparse benchmark on the recorded trace %s (%s); hot set: %d keys (8%% sample, Principle 1)\n", r.Trace, r.Machine, r.HotKeys)
 	rep := Report{Cores: r.Cores, CPUs: r.CPUs}
-	fmt.Fprintf(out, "cores busy (sparse, PS-only, dense): busy CPU-time (/proc/stat, everyone's load) of %s over the wall time of every timed round\n\n", rep.countedCPUs())
+	fmt.Fprintf(out, "cores busy (sparse, PS-only, dense): busy CPU-time (/proc/stat, everyone's load) of %s over the wall time of every timed round, ± the standard deviation from /proc/stat's 10 ms units\n\n", rep.countedCPUs())
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "Fig. 6\tW\tlink\tpairs/iter\tsparse xdpagg ms/iter\tPS-only ms/iter\tdense xdpagg ms/iter\tvs PS-only\tvs dense\tin switch\trecirc/pkt\tcores busy\t")
 	for _, t := range r.Throughput {
-		fmt.Fprintf(tw, "\t%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2fx\t%.2fx\t%.1f%%\t%.3f\t%.2f, %.2f, %.2f /%d\t\n", t.Workers, FormatRate(t.LinkRate), t.Pairs, 1e3*t.SparseSec,
+		fmt.Fprintf(tw, "\t%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2fx\t%.2fx\t%.1f%%\t%.3f\t%.2f±%.2f, %.2f±%.2f, %.2f±%.2f /%d\t\n", t.Workers, FormatRate(t.LinkRate), t.Pairs, 1e3*t.SparseSec,
 			1e3*t.PSOnlySec, 1e3*t.DenseSec, t.VsPSOnly, t.VsDense, 100*t.HotShare, t.RecircPerPkt,
-			t.SparseCoresBusy, t.PSOnlyCoresBusy, t.DenseCoresBusy, rep.countedCores())
+			t.SparseCoresBusy, t.SparseCoresBusyErr, t.PSOnlyCoresBusy, t.PSOnlyCoresBusyErr, t.DenseCoresBusy, t.DenseCoresBusyErr, rep.countedCores())
 	}
 	tw.Flush()
 	fmt.Fprintln(out)
