@@ -127,7 +127,7 @@ func TestShapeBurst(t *testing.T) {
 		rate uint64
 		want uint32
 	}{
-		{200_000_000, 1625},     // tc's size (rate/hz + 1600), as before
+		{200_000_000, 1600},     // tc's size (rate/hz + 1600 bytes), as before
 		{1_000_000_000, 6250},   // 50 µs
 		{10_000_000_000, 62500}, // 50 µs
 		{MaxLinkRate, 625000},   // 50 µs
