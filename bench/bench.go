@@ -98,6 +98,11 @@ type Options struct {
 	BusyPoll     time.Duration
 	SocketBuffer int
 	ThreadedNAPI bool
+	// CPUs, when set, confines the run to these CPUs (online ones, e.g. ParseCPUList("0,1")):
+	// every thread of this process, and so every child it starts (Gloo's ranks), is pinned to
+	// them for the run (pinCPUs), and each cell's CoresBusy counts only them. Empty: every CPU,
+	// nothing pinned.
+	CPUs []int
 }
 
 // DefaultMTU is the benchmark topology's MTU: the largest frame a veth hands XDP as one buffer,
@@ -177,6 +182,13 @@ type Cell struct {
 	AlgBWGBps       float64   `json:"algbw_GBps"`                // bytes per worker / median time
 	CPUSecPerGB     float64   `json:"cpu_s_per_GB"`              // the mode's own CPU (its processes + ksoftirqd) per GB reduced per worker
 	MachineCPUPerGB float64   `json:"machine_cpu_s_per_GB"`      // the whole machine's busy CPU (others' load included) per GB reduced per worker
+	// CoresBusy is how many cores were busy on average while the cell's timed runs ran: the
+	// busy time (/proc/stat: all but idle and iowait; others' load included) of the counted CPUs
+	// (Report.CPUs, or every online CPU) summed over the timed runs, over their wall time summed.
+	// CoresBusyErr is the standard deviation of CoresBusy that /proc/stat's 10 ms units alone
+	// cause (coresBusyError): large where the timed runs are short.
+	CoresBusy    float64 `json:"cores_busy"`
+	CoresBusyErr float64 `json:"cores_busy_stddev"`
 	// The split of CPUSecPerGB into the workers' side and the switch's side (Report.CPUSplit
 	// says what each includes per mode); absent where a side cannot be told apart.
 	WorkerCPUPerGB *float64 `json:"worker_cpu_s_per_GB,omitempty"`
@@ -224,8 +236,12 @@ type Report struct {
 	Machine string    `json:"machine"`
 	Rounds  int       `json:"rounds"`
 	MTU     int       `json:"mtu"`
-	Cells   []Cell    `json:"cells"`
-	Ratios  []Ratio   `json:"ratios"`
+	// Cores is the machine's online CPUs; CPUs the ones the run was pinned to (Options.CPUs),
+	// which the cells' CoresBusy counts (absent: every online CPU, nothing pinned).
+	Cores  int     `json:"cores"`
+	CPUs   []int   `json:"cpus,omitempty"`
+	Cells  []Cell  `json:"cells"`
+	Ratios []Ratio `json:"ratios"`
 	// Environments says where each measured mode ran (see the package's Environments).
 	Environments map[string]string `json:"environments"`
 	// LinkShaping says how shaped cells were shaped (topo.ShapeLinks).
@@ -242,7 +258,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Started: time.Now(), Machine: machine(), Rounds: opts.Rounds, MTU: opts.MTU,
-		Environments: map[string]string{}, CPUSplit: map[string]string{}}
+		Cores: coreCount(), CPUs: opts.CPUs, Environments: map[string]string{}, CPUSplit: map[string]string{}}
 	for _, m := range opts.Modes {
 		rep.Environments[m] = Environments[m]
 		rep.CPUSplit[m] = CPUSplit[m]
@@ -255,6 +271,15 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return nil, fmt.Errorf("%w: gloo mode: %w (or leave gloo out with --modes)", ErrConfig, err)
 		}
 	}
+	unpin, err := pinCPUs(opts.CPUs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := unpin(); err != nil {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("unpin: %v", err))
+		}
+	}()
 	for _, rate := range opts.LinkRates {
 		for _, w := range opts.Workers {
 			if err := runWorkers(ctx, opts, w, rate, rep); err != nil {
@@ -295,10 +320,11 @@ func runWorkers(ctx context.Context, opts Options, w int, rate uint64, rep *Repo
 		ref      []float64
 		work     [][]float32
 		cells    map[string]*Cell
-		busy     map[string]float64 // the mode's own CPU seconds in timed runs
-		machine  map[string]float64 // the machine's busy CPU seconds in timed runs
-		switched map[string]float64 // the switch's CPU seconds in warm-up runs (switchMeter)
-		metered  map[string]int     // warm-up runs whose switch CPU was measured
+		busy     map[string]float64    // the mode's own CPU seconds in timed runs
+		machine  map[string]float64    // the machine's busy CPU seconds in timed runs
+		cores    map[string]*coreMeter // the counted CPUs over the timed runs
+		switched map[string]float64    // the switch's CPU seconds in warm-up runs (switchMeter)
+		metered  map[string]int        // warm-up runs whose switch CPU was measured
 		rounds   int
 	}
 	var all []*sized
@@ -306,7 +332,7 @@ func runWorkers(ctx context.Context, opts Options, w int, rate uint64, rep *Repo
 	for _, bytes := range opts.Bytes {
 		n := bytes / 4
 		s := &sized{bytes: bytes, cells: map[string]*Cell{}, busy: map[string]float64{}, machine: map[string]float64{},
-			switched: map[string]float64{}, metered: map[string]int{}, rounds: opts.rounds(bytes)}
+			cores: map[string]*coreMeter{}, switched: map[string]float64{}, metered: map[string]int{}, rounds: opts.rounds(bytes)}
 		s.pristine, s.ref = makeInputs(w, n, uint64(w)<<32|uint64(n))
 		s.work = make([][]float32, w)
 		for i := range s.work {
@@ -314,6 +340,7 @@ func runWorkers(ctx context.Context, opts Options, w int, rate uint64, rep *Repo
 		}
 		for _, name := range opts.Modes {
 			s.cells[name] = &Cell{Mode: name, Workers: w, Bytes: bytes, LinkRate: rate}
+			s.cores[name] = &coreMeter{cpus: opts.CPUs}
 		}
 		maxRounds = max(maxRounds, s.rounds)
 		all = append(all, s)
@@ -401,7 +428,9 @@ func runWorkers(ctx context.Context, opts Options, w int, rate uint64, rep *Repo
 					copy(s.work[i], s.pristine[i])
 				}
 				cpu0, mach0 := ownCPU()+m.cpu(), busyCPU()
+				s.cores[name].start()
 				took, err := m.run(ctx, s.work)
+				s.cores[name].stop()
 				s.busy[name] += (ownCPU() + m.cpu() - cpu0) / float64(m.perRun())
 				s.machine[name] += (busyCPU() - mach0) / float64(m.perRun())
 				if err != nil {
@@ -442,6 +471,7 @@ func runWorkers(ctx context.Context, opts Options, w int, rate uint64, rep *Repo
 				c.AlgBWGBps = float64(s.bytes) / c.Median / 1e9
 				gb := float64(s.bytes) * float64(len(c.Seconds)) / 1e9
 				c.CPUSecPerGB, c.MachineCPUPerGB = s.busy[name]/gb, s.machine[name]/gb
+				c.CoresBusy, c.CoresBusyErr = s.cores[name].coresBusy()
 				c.WorkerCPUPerGB, c.SwitchCPUPerGB = splitCPU(name, c.CPUSecPerGB, s.switched[name], s.metered[name], s.bytes)
 			}
 			rep.Cells = append(rep.Cells, *c)
@@ -550,9 +580,10 @@ func (r *Report) ratios(modes []string) {
 }
 
 // busyCPU is the machine's non-idle CPU time in seconds (all processes, irq and softirq).
-func busyCPU() float64 {
-	return cpuStat(func(i int) bool { return i != 3 && i != 4 }) // all but idle, iowait
-}
+func busyCPU() float64 { return busyCPUOn(nil) }
+
+// busyCPUOn is the non-idle CPU time in seconds of cpus (all CPUs when empty).
+func busyCPUOn(cpus []int) float64 { return busyOf(statFieldsOn(cpus)) }
 
 // ownCPU is the CPU time in seconds of this process (the benchmark with the workers, PS and
 // rings of the UDP modes) and of the kernel's softirq threads. The packet path of a send (veth,
@@ -627,7 +658,7 @@ func cpuStat(include func(i int) bool) float64 {
 func machine() string {
 	host, _ := os.Hostname()
 	k, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return fmt.Sprintf("%s, %d CPUs, kernel %s, %s", host, runtime.NumCPU(), strings.TrimSpace(string(k)), runtime.Version())
+	return fmt.Sprintf("%s, %d CPUs, kernel %s, %s", host, coreCount(), strings.TrimSpace(string(k)), runtime.Version())
 }
 
 func humanBytes(b int) string {
@@ -759,10 +790,8 @@ func xdpaggBed(opts Options, w int, rate uint64, afxdp bool) (*testbed.Bed, erro
 			return nil, errors.Join(err, bed.Close())
 		}
 	}
-	if rate != 0 {
-		if err := bed.Topo.ShapeLinks(rate); err != nil {
-			return nil, errors.Join(err, bed.Close())
-		}
+	if err := shapeLinks(bed.Topo, rate); err != nil {
+		return nil, errors.Join(err, bed.Close())
 	}
 	return bed, nil
 }
@@ -771,13 +800,21 @@ func xdpaggBed(opts Options, w int, rate uint64, afxdp bool) (*testbed.Bed, erro
 // every host link shaped to rate bits/s (0: unshaped).
 func plainTopology(opts Options, w int, ps bool, rate uint64) (*topo.Topology, error) {
 	t, err := topo.New(topo.Config{Workers: w, PS: ps, MTU: opts.MTU, KernelOffloads: true})
-	if err != nil || rate == 0 {
-		return t, err
+	if err != nil {
+		return nil, err
 	}
-	if err := t.ShapeLinks(rate); err != nil {
+	if err := shapeLinks(t, rate); err != nil {
 		return nil, errors.Join(err, t.Close())
 	}
 	return t, nil
+}
+
+// shapeLinks shapes every host link of t to rate bits/s (topo.ShapeLinks); 0: leaves it unshaped.
+func shapeLinks(t *topo.Topology, rate uint64) error {
+	if rate == 0 {
+		return nil
+	}
+	return t.ShapeLinks(rate)
 }
 
 // workerNote reports whether a worker sends with UDP GSO, the fast path's kernel feature.

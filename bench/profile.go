@@ -244,18 +244,17 @@ func workerTotals(bed *testbed.Bed) (t hostlib.WorkerStats) {
 var statNames = []string{"user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"}
 
 // statFields is /proc/stat's "cpu" line in seconds, by statNames.
-func statFields() []float64 {
+func statFields() []float64 { return statFieldsOn(nil) }
+
+// statFieldsOn is /proc/stat's fields summed over cpus (all CPUs when empty), as parseStat;
+// nil if it cannot be read.
+func statFieldsOn(cpus []int) []float64 {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return nil
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	var out []float64
-	for _, v := range strings.Fields(line)[1:] {
-		x, _ := strconv.ParseFloat(v, 64)
-		out = append(out, x/100) // USER_HZ
-	}
-	return out
+	f, _ := parseStat(string(b), cpus)
+	return f
 }
 
 // softirqCounts is /proc/softirqs summed over CPUs.

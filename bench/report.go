@@ -35,17 +35,19 @@ func (r *Report) Table(w io.Writer) {
 			fmt.Fprintf(w, "    %-6s %s\n", m, e)
 		}
 	}
+	fmt.Fprintf(w, "  cores busy: busy CPU-time (/proc/stat, everyone's load) of %s over the wall time of the cell's timed runs,\n"+
+		"    ± the standard deviation that /proc/stat's 10 ms units alone cause\n", r.countedCPUs())
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tW\tsize\tlink\tmedian ms\tp10 ms\tp90 ms\telements/s\talgbw GB/s\tCPU s/GB\tworker\tswitch\tverified\t")
+	fmt.Fprintln(tw, "mode\tW\tsize\tlink\tmedian ms\tp10 ms\tp90 ms\telements/s\talgbw GB/s\tCPU s/GB\tworker\tswitch\tcores busy\tverified\t")
 	for _, c := range r.Cells {
 		if c.Error != "" {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\tFAILED: %s\t\t\t\t\t\t\t\t\t\n", c.Mode, c.Workers, humanBytes(c.Bytes), FormatRate(c.LinkRate), c.Error)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\tFAILED: %s\t\t\t\t\t\t\t\t\t\t\n", c.Mode, c.Workers, humanBytes(c.Bytes), FormatRate(c.LinkRate), c.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3g\t%.3f\t%.2f\t%s\t%s\t%v\t\n", c.Mode, c.Workers, humanBytes(c.Bytes),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3g\t%.3f\t%.2f\t%s\t%s\t%.2f±%.2f/%d\t%v\t\n", c.Mode, c.Workers, humanBytes(c.Bytes),
 			FormatRate(c.LinkRate), 1e3*c.Median, 1e3*c.P10, 1e3*c.P90, c.ElementsPerSec, c.AlgBWGBps, c.CPUSecPerGB,
-			optional(c.WorkerCPUPerGB), optional(c.SwitchCPUPerGB), c.Verified)
+			optional(c.WorkerCPUPerGB), optional(c.SwitchCPUPerGB), c.CoresBusy, c.CoresBusyErr, r.countedCores(), c.Verified)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nxdpagg speed-up over each mode (time(other)/time(xdpagg) over paired rounds; >1: xdpagg faster);")
@@ -67,6 +69,22 @@ func (r *Report) Table(w io.Writer) {
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
+}
+
+// countedCPUs says which CPUs the cells' CoresBusy counts.
+func (r *Report) countedCPUs() string {
+	if len(r.CPUs) > 0 {
+		return fmt.Sprintf("CPU(s) %s, to which every process of every mode was pinned (%d online)", FormatCPUList(r.CPUs), r.Cores)
+	}
+	return fmt.Sprintf("all %d online CPUs (nothing pinned)", r.Cores)
+}
+
+// countedCores is how many CPUs the cells' CoresBusy counts.
+func (r *Report) countedCores() int {
+	if len(r.CPUs) > 0 {
+		return len(r.CPUs)
+	}
+	return r.Cores
 }
 
 // optional formats a figure that may be absent ("-").

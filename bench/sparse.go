@@ -33,7 +33,13 @@ type SparseOptions struct {
 	Sample     float64 // offline identification's sampling rate (default 0.08)
 	P          float64 // Principle 1's p (default 0.9)
 	MTU        int     // default 1500
-	Progress   io.Writer
+	// LinkRates are the host-link rates (bits/s each way, every host's link alike: the PS's is
+	// Zebra's bottleneck) Fig. 6 is measured at, as Options.LinkRates; 0 is unshaped (the
+	// default). The layouts of Fig. 10 count passes, not time, and run unshaped.
+	LinkRates []uint64
+	// CPUs pins the run to these CPUs and counts cores busy over them, as Options.CPUs.
+	CPUs     []int
+	Progress io.Writer
 }
 
 func (o SparseOptions) withDefaults() SparseOptions {
@@ -61,12 +67,16 @@ func (o SparseOptions) withDefaults() SparseOptions {
 	if o.MTU == 0 {
 		o.MTU = 1500
 	}
+	if len(o.LinkRates) == 0 {
+		o.LinkRates = []uint64{0}
+	}
 	return o
 }
 
 // SparseThroughput is one row of the Fig. 6 table: one W, every system.
 type SparseThroughput struct {
-	Workers int `json:"workers"`
+	Workers  int    `json:"workers"`
+	LinkRate uint64 `json:"link_rate_bps"` // every host link shaped to this, each way; 0: unshaped
 	// Pairs per iteration (all workers) and the dense tensor's size (the model's rows).
 	Pairs      float64 `json:"pairs_per_iteration"`
 	DenseElems int     `json:"dense_elements"`
@@ -76,6 +86,14 @@ type SparseThroughput struct {
 	VsPSOnly, VsDense              float64 // sparse xdpagg's speed-up
 	HotShare                       float64 `json:"hot_share"` // pairs summed in the switch
 	RecircPerPkt                   float64 `json:"recirculations_per_packet"`
+	// Cores busy (as Cell.CoresBusy) over every timed round of each system, not only the best,
+	// and its standard deviation from /proc/stat's rounding (as Cell.CoresBusyErr).
+	SparseCoresBusy    float64 `json:"sparse_cores_busy"`
+	PSOnlyCoresBusy    float64 `json:"ps_only_cores_busy"`
+	DenseCoresBusy     float64 `json:"dense_cores_busy"`
+	SparseCoresBusyErr float64 `json:"sparse_cores_busy_stddev"`
+	PSOnlyCoresBusyErr float64 `json:"ps_only_cores_busy_stddev"`
+	DenseCoresBusyErr  float64 `json:"dense_cores_busy_stddev"`
 }
 
 // SparseLayout is one row of the Fig. 10 table.
@@ -115,16 +133,27 @@ type SparseResult struct {
 	Precision  []SparsePrecision  `json:"precision"`
 	ReadOut    SparseReadOut      `json:"read_out"`
 	Machine    string             `json:"machine"`
+	// As Report.Cores and Report.CPUs.
+	Cores int   `json:"cores"`
+	CPUs  []int `json:"cpus,omitempty"`
 }
 
 // Sparse runs the sparse benchmark.
-func Sparse(ctx context.Context, o SparseOptions) (*SparseResult, error) {
+func Sparse(ctx context.Context, o SparseOptions) (_ *SparseResult, err error) {
 	o = o.withDefaults()
+	if err := (Options{LinkRates: o.LinkRates}).Validate(); err != nil {
+		return nil, err
+	}
 	full, err := workload.Recorded(o.Trace)
 	if err != nil {
 		return nil, err
 	}
-	res := &SparseResult{Trace: o.Trace, Machine: machine()}
+	unpin, err := pinCPUs(o.CPUs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, unpin()) }()
+	res := &SparseResult{Trace: o.Trace, Machine: machine(), Cores: coreCount(), CPUs: o.CPUs}
 	say := func(format string, a ...any) {
 		if o.Progress != nil {
 			fmt.Fprintf(o.Progress, "\r\033[K"+format, a...)
@@ -152,40 +181,50 @@ func Sparse(ctx context.Context, o SparseOptions) (*SparseResult, error) {
 	res.Precision = append(res.Precision, SparsePrecision{Method: fmt.Sprintf("online after the first 5%% (%d) of iterations", first),
 		Precision: sparse.Precision(truth, online, k), Kendall: sparse.KendallTauDistance(truth, online, k)})
 
-	// Fig. 6: throughput at each W.
-	for _, w := range o.Workers {
-		tr, err := full.Regroup(w)
-		if err != nil {
-			return nil, err
+	// Fig. 6: throughput at each link rate and W.
+	for _, rate := range o.LinkRates {
+		for _, w := range o.Workers {
+			tr, err := full.Regroup(w)
+			if err != nil {
+				return nil, err
+			}
+			if tr, err = tr.Slice(w, min(o.Iterations, len(tr.Iters))); err != nil {
+				return nil, err
+			}
+			row := SparseThroughput{Workers: w, LinkRate: rate, DenseElems: int(full.KeySpace)}
+			row.Pairs = float64(tr.Touches()) / float64(len(tr.Iters))
+			at := fmt.Sprintf("W=%d", w)
+			if rate != 0 {
+				at += " at " + FormatRate(rate)
+			}
+			sparseM, psM, denseM := &coreMeter{cpus: o.CPUs}, &coreMeter{cpus: o.CPUs}, &coreMeter{cpus: o.CPUs}
+			say("sparse %s: xdpagg ...", at)
+			best, hotShare, recirc, ro, err := runSparseXdpagg(ctx, o, tr, hot, false, nil, rate, sparseM)
+			if err != nil {
+				return nil, fmt.Errorf("sparse xdpagg %s: %w", at, err)
+			}
+			row.SparseSec, row.HotShare, row.RecircPerPkt = best, hotShare, recirc
+			if rate == o.LinkRates[0] && (w == 4 || res.ReadOut.Ranks == 0) {
+				res.ReadOut = ro
+			}
+			settle()
+			say("sparse %s: PS only ...", at)
+			if row.PSOnlySec, err = runSparsePSOnly(ctx, o, tr, rate, psM); err != nil {
+				return nil, fmt.Errorf("sparse PS-only %s: %w", at, err)
+			}
+			settle()
+			say("sparse %s: dense xdpagg ...", at)
+			if row.DenseSec, err = runSparseDense(ctx, o, w, row.DenseElems, rate, denseM); err != nil {
+				return nil, fmt.Errorf("dense xdpagg %s: %w", at, err)
+			}
+			settle()
+			row.SparsePPS, row.PSOnlyPPS, row.DensePPS = row.Pairs/row.SparseSec, row.Pairs/row.PSOnlySec, row.Pairs/row.DenseSec
+			row.VsPSOnly, row.VsDense = row.PSOnlySec/row.SparseSec, row.DenseSec/row.SparseSec
+			row.SparseCoresBusy, row.SparseCoresBusyErr = sparseM.coresBusy()
+			row.PSOnlyCoresBusy, row.PSOnlyCoresBusyErr = psM.coresBusy()
+			row.DenseCoresBusy, row.DenseCoresBusyErr = denseM.coresBusy()
+			res.Throughput = append(res.Throughput, row)
 		}
-		if tr, err = tr.Slice(w, min(o.Iterations, len(tr.Iters))); err != nil {
-			return nil, err
-		}
-		row := SparseThroughput{Workers: w, DenseElems: int(full.KeySpace)}
-		row.Pairs = float64(tr.Touches()) / float64(len(tr.Iters))
-		say("sparse W=%d: xdpagg ...", w)
-		best, hotShare, recirc, ro, err := runSparseXdpagg(ctx, o, tr, hot, false, nil)
-		if err != nil {
-			return nil, fmt.Errorf("sparse xdpagg W=%d: %w", w, err)
-		}
-		row.SparseSec, row.HotShare, row.RecircPerPkt = best, hotShare, recirc
-		if w == 4 || res.ReadOut.Ranks == 0 {
-			res.ReadOut = ro
-		}
-		settle()
-		say("sparse W=%d: PS only ...", w)
-		if row.PSOnlySec, err = runSparsePSOnly(ctx, o, tr); err != nil {
-			return nil, fmt.Errorf("sparse PS-only W=%d: %w", w, err)
-		}
-		settle()
-		say("sparse W=%d: dense xdpagg ...", w)
-		if row.DenseSec, err = runSparseDense(ctx, o, w, row.DenseElems); err != nil {
-			return nil, fmt.Errorf("dense xdpagg W=%d: %w", w, err)
-		}
-		settle()
-		row.SparsePPS, row.PSOnlyPPS, row.DensePPS = row.Pairs/row.SparseSec, row.Pairs/row.PSOnlySec, row.Pairs/row.DenseSec
-		row.VsPSOnly, row.VsDense = row.PSOnlySec/row.SparseSec, row.DenseSec/row.SparseSec
-		res.Throughput = append(res.Throughput, row)
 	}
 
 	// Fig. 10: recirculations per packet by layout, at W = 4 (or the closest W asked for).
@@ -229,7 +268,7 @@ func Sparse(ctx context.Context, o SparseOptions) (*SparseResult, error) {
 				}
 			}
 			row := SparseLayout{Layout: l.name, Arrays: arrays}
-			if _, _, _, _, err := runSparseXdpagg(ctx, oo, tr, hs, l.inOrder, &row); err != nil {
+			if _, _, _, _, err := runSparseXdpagg(ctx, oo, tr, hs, l.inOrder, &row, 0, nil); err != nil {
 				return nil, fmt.Errorf("layout %s: %w", l.name, err)
 			}
 			res.Layouts = append(res.Layouts, row)
@@ -252,14 +291,19 @@ func gradients(tr *workload.Trace, it int) ([][]uint64, [][]float32) {
 // runSparseXdpagg runs the trace's iterations o.Rounds times on a sparse job of the XDP switch
 // and returns the best round's seconds per iteration, the share of pairs summed in the switch,
 // recirculations per hot packet and the read-out measurements. With layout set, it fills that
-// row from the switch's histogram instead (one round).
-func runSparseXdpagg(ctx context.Context, o SparseOptions, tr *workload.Trace, hot *sparse.HotSet, inOrder bool, layout *SparseLayout) (best, hotShare, recirc float64, ro SparseReadOut, err error) {
+// row from the switch's histogram instead (one round). Every host link is shaped to rate
+// (0: unshaped); cores measures the timed rounds.
+func runSparseXdpagg(ctx context.Context, o SparseOptions, tr *workload.Trace, hot *sparse.HotSet, inOrder bool, layout *SparseLayout,
+	rate uint64, cores *coreMeter) (best, hotShare, recirc float64, ro SparseReadOut, err error) {
 	w := tr.Workers()
 	bed, err := testbed.New(testbed.Options{Workers: w, MTU: o.MTU, Switch: loader.Config{PoolSize: 256, RegArrays: uint32(max(o.Arrays, 64))}})
 	if err != nil {
 		return 0, 0, 0, ro, err
 	}
 	defer bed.Close()
+	if err := shapeLinks(bed.Topo, rate); err != nil {
+		return 0, 0, 0, ro, err
+	}
 	hosts := make([]int, w)
 	for i := range hosts {
 		hosts[i] = i
@@ -277,6 +321,7 @@ func runSparseXdpagg(ctx context.Context, o SparseOptions, tr *workload.Trace, h
 	best = math.Inf(1)
 	for range rounds {
 		start := time.Now()
+		cores.start()
 		for it := range tr.Iters {
 			keys, vals := gradients(tr, it)
 			if _, err := j.Step(ctx, iter, keys, vals); err != nil {
@@ -284,6 +329,7 @@ func runSparseXdpagg(ctx context.Context, o SparseOptions, tr *workload.Trace, h
 			}
 			iter++
 		}
+		cores.stop()
 		best = min(best, time.Since(start).Seconds()/float64(len(tr.Iters)))
 	}
 	hist, err := bed.Switch.Maps.RecircHistogram()
@@ -353,14 +399,18 @@ func agentReadOut(bed *testbed.Bed, job uint32, m int) (float64, error) {
 }
 
 // runSparsePSOnly runs the trace with every pair sent to a PS in user space (the same hostlib,
-// no hot set), on a topology without XDP.
-func runSparsePSOnly(ctx context.Context, o SparseOptions, tr *workload.Trace) (float64, error) {
+// no hot set), on a topology without XDP whose host links are shaped to rate (0: unshaped);
+// cores measures the timed rounds.
+func runSparsePSOnly(ctx context.Context, o SparseOptions, tr *workload.Trace, rate uint64, cores *coreMeter) (float64, error) {
 	w := tr.Workers()
 	tp, err := topo.New(topo.Config{Workers: w, PS: true, MTU: o.MTU, KernelOffloads: true})
 	if err != nil {
 		return 0, err
 	}
 	defer tp.Close()
+	if err := shapeLinks(tp, rate); err != nil {
+		return 0, err
+	}
 	addr := netip.AddrPortFrom(tp.PS.IP, psPort)
 	var workers []netip.AddrPort
 	for _, h := range tp.Workers {
@@ -397,6 +447,7 @@ func runSparsePSOnly(ctx context.Context, o SparseOptions, tr *workload.Trace) (
 	best := math.Inf(1)
 	for range o.Rounds {
 		start := time.Now()
+		cores.start()
 		for it := range tr.Iters {
 			keys, vals := gradients(tr, it)
 			if _, err := testbed.StepAll(ctx, ws, iter, keys, vals); err != nil {
@@ -404,6 +455,7 @@ func runSparsePSOnly(ctx context.Context, o SparseOptions, tr *workload.Trace) (
 			}
 			iter++
 		}
+		cores.stop()
 		best = min(best, time.Since(start).Seconds()/float64(len(tr.Iters)))
 	}
 	return best, nil
@@ -411,20 +463,25 @@ func runSparsePSOnly(ctx context.Context, o SparseOptions, tr *workload.Trace) (
 
 // runSparseDense streams the whole model (elems float32 per worker) through dense xdpagg for
 // every iteration, SwitchML-style; seconds per iteration, best of the rounds (each a few
-// allreduces).
-func runSparseDense(ctx context.Context, o SparseOptions, w, elems int) (float64, error) {
+// allreduces), every host link shaped to rate (0: unshaped); cores measures the timed rounds.
+func runSparseDense(ctx context.Context, o SparseOptions, w, elems int, rate uint64, cores *coreMeter) (float64, error) {
 	bed, err := testbed.New(testbed.Options{Workers: w, MTU: o.MTU})
 	if err != nil {
 		return 0, err
 	}
 	defer bed.Close()
+	if err := shapeLinks(bed.Topo, rate); err != nil {
+		return 0, err
+	}
 	in := make([][]float32, w)
 	for i := range in {
 		in[i] = make([]float32, elems)
 	}
 	best := math.Inf(1)
 	for range o.Rounds {
+		cores.start()
 		took, err := bed.AllReduce(ctx, in)
+		cores.stop()
 		if err != nil {
 			return 0, err
 		}
@@ -435,12 +492,15 @@ func runSparseDense(ctx context.Context, o SparseOptions, w, elems int) (float64
 
 // Table prints the three tables and the read-out comparison.
 func (r *SparseResult) Table(out io.Writer) {
-	fmt.Fprintf(out, "sparse benchmark on the recorded trace %s (%s); hot set: %d keys (8%% sample, Principle 1)\n\n", r.Trace, r.Machine, r.HotKeys)
+	fmt.Fprintf(out, "sparse benchmark on the recorded trace %s (%s); hot set: %d keys (8%% sample, Principle 1)\n", r.Trace, r.Machine, r.HotKeys)
+	rep := Report{Cores: r.Cores, CPUs: r.CPUs}
+	fmt.Fprintf(out, "cores busy (sparse, PS-only, dense): busy CPU-time (/proc/stat, everyone's load) of %s over the wall time of every timed round, ± the standard deviation from /proc/stat's 10 ms units\n\n", rep.countedCPUs())
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "Fig. 6\tW\tpairs/iter\tsparse xdpagg ms/iter\tPS-only ms/iter\tdense xdpagg ms/iter\tvs PS-only\tvs dense\tin switch\trecirc/pkt\t")
+	fmt.Fprintln(tw, "Fig. 6\tW\tlink\tpairs/iter\tsparse xdpagg ms/iter\tPS-only ms/iter\tdense xdpagg ms/iter\tvs PS-only\tvs dense\tin switch\trecirc/pkt\tcores busy\t")
 	for _, t := range r.Throughput {
-		fmt.Fprintf(tw, "\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2fx\t%.2fx\t%.1f%%\t%.3f\t\n", t.Workers, t.Pairs, 1e3*t.SparseSec,
-			1e3*t.PSOnlySec, 1e3*t.DenseSec, t.VsPSOnly, t.VsDense, 100*t.HotShare, t.RecircPerPkt)
+		fmt.Fprintf(tw, "\t%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2fx\t%.2fx\t%.1f%%\t%.3f\t%.2f±%.2f, %.2f±%.2f, %.2f±%.2f /%d\t\n", t.Workers, FormatRate(t.LinkRate), t.Pairs, 1e3*t.SparseSec,
+			1e3*t.PSOnlySec, 1e3*t.DenseSec, t.VsPSOnly, t.VsDense, 100*t.HotShare, t.RecircPerPkt,
+			t.SparseCoresBusy, t.SparseCoresBusyErr, t.PSOnlyCoresBusy, t.PSOnlyCoresBusyErr, t.DenseCoresBusy, t.DenseCoresBusyErr, rep.countedCores())
 	}
 	tw.Flush()
 	fmt.Fprintln(out)

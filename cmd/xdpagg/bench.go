@@ -48,7 +48,8 @@ func runBench(args []string, stdout io.Writer) error {
 		pairs    = fs.Int("loss-pairs", 15, "clean/lossy allreduce pairs of the 0.1%-loss cost (W=4, 4MiB), measured after the modes when they include xdpagg; 0: skip")
 		quiet    = fs.Bool("quiet", false, "no progress line")
 		mtu      = fs.Int("mtu", bench.DefaultMTU, "MTU of the topology's links (576..3388; at 3388 a packet holds 832 values, at 1500 360)")
-		rates    = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit")
+		rates    = fs.String("link-rate", "none", "host-link rates to measure at, each direction, on every mode's topology alike: none (unshaped) or tc units, e.g. none,1gbit,10gbit (also --sparse)")
+		cpus     = fs.String("cpus", "", "pin the benchmark and every process it starts (every mode's) to these CPUs, e.g. 0 or 0,1 or 0-3, and count cores busy over them only (also --sparse; empty: every CPU, nothing pinned)")
 		busyPoll = fs.Duration("busy-poll", 0, "xdpagg's workers: SO_BUSY_POLL for this long (e.g. 50us) and SO_PREFER_BUSY_POLL on their sockets (0: off, the default)")
 		sockBuf  = fs.Int("socket-buffer", 0, "xdpagg's workers: SO_RCVBUF/SO_SNDBUF in bytes (0: hostlib's default, 8 MiB)")
 		threaded = fs.Bool("threaded-napi", false, "xdpagg's testbed: threaded NAPI on every veth (switch ports and hosts)")
@@ -76,6 +77,11 @@ func runBench(args []string, stdout io.Writer) error {
 	var err error
 	if opts.LinkRates, err = bench.ParseLinkRates(*rates); err != nil {
 		return fmt.Errorf("%w: --link-rate: %w", errUsage, err)
+	}
+	if *cpus != "" {
+		if opts.CPUs, err = bench.ParseCPUList(*cpus); err != nil {
+			return fmt.Errorf("%w: --cpus: %w", errUsage, err)
+		}
 	}
 	if opts.Bytes, err = parseSizes(*sizes); err != nil {
 		return err
@@ -110,7 +116,8 @@ func runBench(args []string, stdout io.Writer) error {
 
 	var res benchOutput
 	if *sparseMode {
-		so := bench.SparseOptions{Trace: *sparseTr, Workers: opts.Workers, Iterations: *sparseIter, Rounds: *rounds, MTU: *mtu, Progress: opts.Progress}
+		so := bench.SparseOptions{Trace: *sparseTr, Workers: opts.Workers, Iterations: *sparseIter, Rounds: *rounds, MTU: *mtu,
+			LinkRates: opts.LinkRates, CPUs: opts.CPUs, Progress: opts.Progress}
 		if res.Sparse, err = bench.Sparse(ctx, so); err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package topo
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -38,7 +39,25 @@ const (
 	// least a packet (a GSO/GRO aggregate included); larger values make the kernel warn.
 	shapeQuantum = 200000
 	shapeIfbMTU  = 65535 // a GRO aggregate passes the ifb whole
+	// shapeBurstTime is the least time's worth of bytes the HTB class's bucket holds (its burst
+	// and cburst; see shapeBurst).
+	shapeBurstTime = 50 * time.Microsecond
 )
+
+// shapeBurst is the HTB class's bucket in bytes at rate bits/s, for a packet scheduler clock of
+// hz (netlink.Hz, /proc/net/psched). netlink sizes the bucket as tc does, rate/hz plus 1600
+// bytes, and with high-resolution timers hz is 10^9: about one 1600-byte packet at any rate,
+// under 1.3 µs at 10 Gbit/s. HTB banks at most a bucket of tokens, so whenever its dequeue
+// timer (or the softirq that runs it) fires later than that, the time past the bucket is lost
+// and the link runs below its rate; at 10 Gbit/s a 3388-byte frame takes 2.7 µs, so every
+// late wake-up costs. The bucket therefore holds at least shapeBurstTime at the rate (62.5 KB
+// at 10 Gbit/s, 6.25 KB at 1 Gbit/s): the latency the shaper absorbs, and the most a host may
+// send at once beyond the rate after an idle spell. Below 256 Mbit/s this is under tc's size,
+// which is kept, so slower links are shaped as before.
+func shapeBurst(rate uint64, hz float64) uint32 {
+	bytesPerSec := float64(rate) / 8
+	return uint32(max(bytesPerSec*shapeBurstTime.Seconds(), bytesPerSec/hz+1600))
+}
 
 // ShapeLinks limits every host's link (workers and the PS) to rate bits/s in each direction,
 // as a link of that speed would: packets wait in a queue, none is dropped (up to shapeQueue
@@ -152,7 +171,8 @@ func addShaper(nlh *netlink.Handle, ifindex int, rate uint64) error {
 		LinkIndex: ifindex,
 		Parent:    netlink.MakeHandle(1, 0),
 		Handle:    netlink.MakeHandle(1, 1),
-	}, netlink.HtbClassAttrs{Rate: rate, Ceil: rate, Quantum: shapeQuantum})
+	}, netlink.HtbClassAttrs{Rate: rate, Ceil: rate, Quantum: shapeQuantum,
+		Buffer: shapeBurst(rate, netlink.Hz()), Cbuffer: shapeBurst(rate, netlink.Hz())})
 	if err := nlh.ClassReplace(class); err != nil {
 		return fmt.Errorf("htb class at %d bit/s: %w", rate, err)
 	}

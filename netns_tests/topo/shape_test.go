@@ -106,3 +106,35 @@ func TestShapeLinksErrors(t *testing.T) {
 		t.Errorf("a refused ShapeLinks shaped: %+v", s)
 	}
 }
+
+// Rates up to MaxLinkRate reach the kernel whole: 10 Gbit/s fits tc's 32-bit byte rate, 100
+// Gbit/s needs the 64-bit attribute.
+func TestShapeLinksHighRates(t *testing.T) {
+	for _, rate := range []uint64{10_000_000_000, MaxLinkRate} {
+		topo := newTopo(t, Config{Workers: 1})
+		if err := topo.ShapeLinks(rate); err != nil {
+			t.Fatalf("ShapeLinks(%d): %v", rate, err)
+		}
+		if s := shaping(t, topo, topo.Workers[0]); s.EgressRate != rate || s.IngressRate != rate || !s.IngressRedirect {
+			t.Errorf("%d bit/s: %+v", rate, s)
+		}
+	}
+}
+
+func TestShapeBurst(t *testing.T) {
+	const hz = 1e9 // high-resolution timers (/proc/net/psched)
+	for _, c := range []struct {
+		rate uint64
+		want uint32
+	}{
+		{200_000_000, 1600},     // tc's size (rate/hz + 1600 bytes), as before
+		{1_000_000_000, 6250},   // 50 µs
+		{10_000_000_000, 62500}, // 50 µs
+		{MaxLinkRate, 625000},   // 50 µs
+		{MinLinkRate, 1600},     // tc's size
+	} {
+		if got := shapeBurst(c.rate, hz); got != c.want {
+			t.Errorf("shapeBurst(%d) = %d, want %d", c.rate, got, c.want)
+		}
+	}
+}
