@@ -89,9 +89,12 @@ type jobSpec struct {
 	extra []string // `job add` flags
 	key   []byte   // admitted already (e.g. through the management channel) under this key
 	// threshold is the job's H (`job add --threshold`, and the PS's); timeout the workers'
-	// retransmit timeout (0: the default).
-	threshold uint8
-	timeout   time.Duration
+	// retransmit timeout (0: the default); maxRetries their resends of a fragment before
+	// ErrTimeout (0: the default; a test whose verdict must not depend on the machine's load
+	// sets it high and lets its context be the hang guard).
+	threshold  uint8
+	timeout    time.Duration
+	maxRetries int
 }
 
 type runningJob struct {
@@ -162,7 +165,7 @@ func (a *agentEnv) startJob(ctx context.Context, t *testing.T, s jobSpec) *runni
 		var wk *hostlib.Worker
 		if err := a.tp.InHost(h, func() (err error) {
 			wk, err = hostlib.NewWorker(hostlib.WorkerConfig{JobID: j.id, WorkerID: uint8(i), NumWorkers: uint8(len(j.hosts)),
-				Local: netip.AddrPortFrom(h.IP, j.port), PS: psAddr, PoolSize: a.pool, JobKey: j.key, Timeout: s.timeout})
+				Local: netip.AddrPortFrom(h.IP, j.port), PS: psAddr, PoolSize: a.pool, JobKey: j.key, Timeout: s.timeout, MaxRetries: s.maxRetries})
 			return err
 		}); err != nil {
 			t.Fatal(err)
