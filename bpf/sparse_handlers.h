@@ -205,10 +205,14 @@ static long read_one_rank(__u64 i, void *arg)
 		return 1;
 	}
 	__u64 cell = READ_ONCE(ra->cells[slot]);
-	int mine = ((cell >> 32) & CELL_TAG_MASK) == rc->tag;
+	__u32 hits = READ_ONCE(ra->hits[slot]);
+	/* The cell holds t's sum if its tag is t's and it was ever added to: a never-used cell is
+	 * all zero, iteration 0's tag, and its hit counter is 0 too. */
+	int mine = ((cell >> 32) & CELL_TAG_MASK) == rc->tag && (cell != 0 || hits != 0);
 	struct reg_read *out = (struct reg_read *)&sp->pairs[i];
 	out->sum = mine ? (__s32)(__u32)cell : 0;
-	out->hits = READ_ONCE(ra->hits[slot]);
+	/* Masked, so a counter past 2^31 never reads as the flag. */
+	out->hits = (hits & XAGG_REG_HITS_MASK) | (mine ? XAGG_REG_THIS_ITER : 0);
 	if (mine && (cell & CELL_OVERFLOW))
 		rc->overflow = 1;
 	return 0;

@@ -274,7 +274,8 @@ func (sm *sparseModel) hot(job, iter uint32, w, fan uint8, index, npkts uint16, 
 	return res
 }
 
-// pull mirrors handle_pull: the sums of ranks [first, first+n) if iteration iter is complete.
+// pull mirrors handle_pull: the sums and hits words of ranks [first, first+n) if iteration iter is
+// complete.
 func (sm *sparseModel) pull(job, iter, first uint32, n int) (ready bool, sums []int32, hits []uint32, ovf bool, spilled uint16) {
 	j := sm.jobs[job]
 	rec := &j.recs[iter&1]
@@ -287,11 +288,12 @@ func (sm *sparseModel) pull(job, iter, first uint32, n int) (ready bool, sums []
 		c := j.regs[iter&1][r]
 		var s int32
 		var h uint32
-		if c != nil {
-			h = c.hits
+		if c != nil { // a cell the model has was added to: hits > 0
+			h = c.hits & wire.RegHitsMask
 			if c.tag == iter&0x7fffffff {
 				s = c.sum
 				ovf = ovf || c.ovf
+				h |= wire.RegThisIter
 			}
 		}
 		sums = append(sums, s)
@@ -371,8 +373,8 @@ func (s *sw) hotCase(t *testing.T, sm *sparseModel, job, iter uint32, w, fan uin
 	return want
 }
 
-// pullCase checks a read-out against the model.
-func (s *sw) pullCase(t *testing.T, sm *sparseModel, job, iter, first uint32, n int) []int32 {
+// pullCase checks a read-out against the model and returns its reg_reads (nil if pending).
+func (s *sw) pullCase(t *testing.T, sm *sparseModel, job, iter, first uint32, n int) []kv {
 	t.Helper()
 	ready, sums, hits, ovf, spilled := sm.pull(job, iter, first, n)
 	out := s.runExpect(t, pullFrame(job, iter, first, n), xdpTX)
@@ -400,10 +402,10 @@ func (s *sw) pullCase(t *testing.T, sm *sparseModel, job, iter, first uint32, n 
 	}
 	for i := range n {
 		if int32(o.pairs[i].rank) != sums[i] || uint32(o.pairs[i].val) != hits[i] {
-			t.Fatalf("rank %d: read sum %d hits %d, want %d and %d", first+uint32(i), int32(o.pairs[i].rank), uint32(o.pairs[i].val), sums[i], hits[i])
+			t.Fatalf("rank %d: read sum %d hits %#x, want %d and %#x", first+uint32(i), int32(o.pairs[i].rank), uint32(o.pairs[i].val), sums[i], hits[i])
 		}
 	}
-	return sums
+	return o.pairs
 }
 
 func (s *sw) histogram(t *testing.T) []uint64 {
@@ -494,6 +496,70 @@ func TestSparsePasses(t *testing.T) {
 		s.hotCase(t, sm, sparseJobB, 4, 1, sparseFan, 0, 1, 1, kv{0, 9})
 		s.pullCase(t, sm, sparseJobB, 4, 0, m)
 		s.pullCase(t, sm, A, 4, 0, m)
+	})
+}
+
+// TestSparsePullTouched: a read-out's hits word says whether the slot holds a sum of the
+// iteration read, which is what the PS builds the update's key list from: set for a rank summed
+// in t (even to 0), clear for one nobody sent in t (a never-used cell at iteration 0 included:
+// all zero, iteration 0's tag) and for one summed in t-2 in the same buffer; a hit counter past
+// 2^31 never reads as the flag.
+func TestSparsePullTouched(t *testing.T) {
+	s := loadSparse(t)
+	sm := newSparseModel()
+	const m = sparseArrays
+	A := uint32(sparseJobA)
+	// check reads ranks [0, m) of iteration iter: want[r] is (sum, touched, counter).
+	type want struct {
+		sum     int32
+		touched bool
+		hits    uint32
+	}
+	check := func(t *testing.T, iter uint32, ws ...want) {
+		t.Helper()
+		got := s.pullCase(t, sm, A, iter, 0, m)
+		if len(got) != m {
+			t.Fatalf("iteration %d: read-out pending", iter)
+		}
+		b := make([]byte, m*wire.KVPairSize)
+		for i, p := range got {
+			wire.PutKV(b, i, p.rank, p.val)
+		}
+		for r, w := range ws {
+			sum, hits, touched := wire.RegRead(b, r)
+			if sum != w.sum || touched != w.touched || hits != w.hits {
+				t.Errorf("iteration %d rank %d: sum %d touched %v hits %d, want %d %v %d", iter, r, sum, touched, hits, w.sum, w.touched, w.hits)
+			}
+		}
+	}
+	t.Run("iteration 0: summed ranks are flagged, a sum of 0 too; never-used cells are not", func(t *testing.T) {
+		s.hotCase(t, sm, A, 0, 0, sparseFan, 0, 1, 7, kv{0, 5}, kv{1, -5})
+		s.hotCase(t, sm, A, 0, 1, sparseFan, 0, 1, 7, kv{1, 5})
+		check(t, 0, want{5, true, 1}, want{0, true, 2}, want{0, false, 0}, want{0, false, 0})
+	})
+	t.Run("two iterations on, t-2's ranks in the same buffer are not flagged", func(t *testing.T) {
+		for _, it := range []uint32{1, 2} {
+			s.hotCase(t, sm, A, it, 0, sparseFan, 0, 1, 7)
+		}
+		s.hotCase(t, sm, A, 1, 1, sparseFan, 0, 1, 7)
+		s.hotCase(t, sm, A, 2, 1, sparseFan, 0, 1, 7, kv{2, -3})
+		check(t, 2, want{0, false, 1}, want{0, false, 2}, want{-3, true, 1}, want{0, false, 0})
+	})
+	t.Run("a hit counter past 2^31 keeps the flag clear", func(t *testing.T) {
+		j, err := s.Maps.GetJob(A)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ra, err := s.Maps.JobRegisters(j, 0, 3) // rank 3: array 3, slot 0 of parity 0
+		if err != nil {
+			t.Fatal(err)
+		}
+		ra.Cells[0], ra.Hits[0] = 0, 0xffffffff // iteration 0's tag, sum 0: not iteration 2's
+		if err := s.Maps.PutJobRegisters(j, 0, 3, &ra); err != nil {
+			t.Fatal(err)
+		}
+		sm.jobs[A].regs[0][3] = &mcell{tag: 0, hits: 0xffffffff}
+		check(t, 2, want{0, false, 1}, want{0, false, 2}, want{-3, true, 1}, want{0, false, wire.RegHitsMask})
 	})
 }
 

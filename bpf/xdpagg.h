@@ -78,6 +78,9 @@ _Static_assert(XAGG_MAX_VALUES % XAGG_CHUNK == 0 && XAGG_CHUNK % 2 == 0, "XAGG_C
 #define XAGG_CAS_TRIES 8
 /* The rank a placed pair gets in the packet: the pass loop skips it, the PS ignores it. */
 #define XAGG_RANK_PLACED 0xffffffffu
+/* struct reg_read.hits: the slot's hit counter in these bits, XAGG_REG_THIS_ITER above them. */
+#define XAGG_REG_HITS_MASK 0x7fffffffu
+#define XAGG_REG_THIS_ITER 0x80000000u
 
 /* The limits above as an enum, so bpf2go exports them to Go (macros do not reach BTF). */
 enum limit {
@@ -103,6 +106,7 @@ enum limit {
 	LIMIT_HOT_STD_VALUES = XAGG_HOT_STD_VALUES,
 	LIMIT_HELP_PART_VALUES = XAGG_HELP_PART_VALUES,
 	LIMIT_HELP_BODY_SIZE = 8, /* sizeof(struct help_body) */
+	LIMIT_REG_HITS_MASK = XAGG_REG_HITS_MASK, /* XAGG_REG_THIS_ITER is the bit above it */
 };
 
 /* Message types (hdr.type). */
@@ -207,10 +211,18 @@ struct cold_pair {
 
 _Static_assert(sizeof(struct cold_pair) == 12, "struct cold_pair must stay 12 bytes");
 
-/* One slot of a MSG_PULL answer. */
+/*
+ * One slot of a MSG_PULL answer for iteration t. hits bit 31 (XAGG_REG_THIS_ITER): the cell holds
+ * a sum of t, i.e. some worker's pair for this rank was added in t (the sum may still be 0); clear,
+ * nobody's was and sum is 0. The PS builds the update's key list from this bit alone: the switch
+ * knows which iteration its cell belongs to, while a difference of counters does not survive a
+ * counter that restarts (a standby's registers, a reset job). Bits 0-30 (XAGG_REG_HITS_MASK):
+ * the adds the slot's buffer has taken since its registers were last zeroed (admission, reset, or
+ * a switch that started empty), mod 2^31; only hot-key ranking uses them.
+ */
 struct reg_read {
 	__s32 sum;  /* the iteration's fixed-point sum at this rank (0: nobody sent it) */
-	__u32 hits; /* updates the slot's buffer has taken since the job was admitted (wraps) */
+	__u32 hits; /* XAGG_REG_THIS_ITER | the slot's hit counter & XAGG_REG_HITS_MASK */
 };
 
 /*
@@ -218,7 +230,10 @@ struct reg_read {
  * where a job owns arrays [reg_base, reg_base + m) of each parity. cells[s] holds the slot's sum
  * and the iteration it belongs to: bits 0-31 the int32 sum, bits 32-62 the iteration (mod 2^31),
  * bit 63 set when an add overflowed. A slot whose iteration is not the one asked for reads as
- * zero, so a buffer is zero for iteration t+2 without being cleared. hits[s] counts adds.
+ * zero, so a buffer is zero for iteration t+2 without being cleared. hits[s] counts adds (wraps
+ * at 2^32; the read-out keeps its low 31 bits). A cell never added to is all zero, which is also
+ * the tag of iteration 0 (mod 2^31): a zero hit counter tells the two apart (but for a counter
+ * wrapped to exactly 0, docs/sparse.md Read-out).
  */
 struct reg_array {
 	__u64 cells[XAGG_REG_SLOTS];

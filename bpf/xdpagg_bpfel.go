@@ -243,6 +243,7 @@ const (
 	XdpaggLimitLIMIT_HOT_STD_VALUES    XdpaggLimit = 358
 	XdpaggLimitLIMIT_HELP_PART_VALUES  XdpaggLimit = 256
 	XdpaggLimitLIMIT_HELP_BODY_SIZE    XdpaggLimit = 8
+	XdpaggLimitLIMIT_REG_HITS_MASK     XdpaggLimit = 2147483647
 )
 
 type XdpaggMember struct {

@@ -81,7 +81,7 @@ type spJob struct {
 	hots     map[uint32]*sparse.HotSet // by version: an iteration uses the one its packets name
 	iters    map[uint32]*spIter
 	done     []uint32       // completed iterations, oldest first
-	prevHits [2][]uint32    // per parity: each rank's hit counter at the last read-out
+	prevHits [2][]uint32    // per parity: each rank's hit counter at the last read-out (for Online)
 	lastHot  int            // hot keys in the last update (to size the next)
 	latest   *sparse.HotSet // the newest hot set registered (what Online compares against)
 	proposal *Proposal      // Online's last swap proposal not yet taken
@@ -112,6 +112,18 @@ type spIter struct {
 	pull0    time.Time              // when the first pull was sent
 	overflow bool
 	update   [][]byte // the update's packets once complete
+}
+
+// hitDelta is the adds a hot slot touched in this iteration took since the PS last read its
+// counter (prev), for the online ranking's counts. A counter not above prev restarted: registers
+// start at zero on a standby that took over from a dead primary and on a job reset. The new
+// reading is then the count, so a restart never yields a huge count; the counter's own wrap at
+// 2^31 looks the same and undercounts once. At least 1: the slot was touched.
+func hitDelta(hits, prev uint32) uint64 {
+	if hits > prev {
+		return uint64(hits - prev)
+	}
+	return uint64(max(hits, 1))
 }
 
 // updatePair is one key of an update and its sum's float32 bits.
@@ -527,16 +539,17 @@ func (p *SparsePS) complete(j *spJob, it *spIter) {
 				if int(rank) >= len(hot) {
 					break
 				}
-				s, hits := wire.RegRead(reads, i)
-				delta := hits - prev[rank] // wraps like the counter
-				prev[rank] = hits
-				if delta > 0 {
+				// The switch says whether the slot holds a sum of this iteration: that
+				// alone decides the key list (a key whose sum is 0 is still touched).
+				s, hits, mine := wire.RegRead(reads, i)
+				if mine {
 					hot[rank] += int64(s)
 					moved[rank] = true
 					if online {
-						touched[hs.Key(rank)] += uint64(delta)
+						touched[hs.Key(rank)] += hitDelta(hits, prev[rank])
 					}
 				}
+				prev[rank] = hits
 			}
 		}
 		for r, s := range it.spillSum {

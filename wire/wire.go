@@ -61,6 +61,10 @@ const (
 	SparseMaxPasses = 4
 	// RankPlaced marks a hot pair the switch has summed (in packets it hands the PS).
 	RankPlaced = uint32(0xffffffff)
+	// RegHitsMask is a MSG_PULL answer's hit counter within its hits word; the bit above it,
+	// RegThisIter, says the slot holds a sum of the iteration read (struct reg_read).
+	RegHitsMask = uint32(0x7fffffff)
+	RegThisIter = RegHitsMask + 1
 )
 
 // Message types (enum msg_type), typed as Header.Type.
@@ -296,7 +300,7 @@ func DecodeSparseHeader(b []byte, sh *SparseHeader) {
 
 // PutKV writes hot pair i (rank, fixed-point value) into pairs, the bytes after the sparse header;
 // KV reads it. In a MSG_PULL answer the same 8 bytes are a struct reg_read: KV's rank is then the
-// sum's bits and its value the hit count's (use RegRead).
+// sum's bits and its value the hits word's (use RegRead).
 func PutKV(pairs []byte, i int, rank uint32, v int32) {
 	binary.LittleEndian.PutUint32(pairs[i*KVPairSize:], rank)
 	binary.LittleEndian.PutUint32(pairs[i*KVPairSize+4:], uint32(v))
@@ -307,9 +311,11 @@ func KV(pairs []byte, i int) (rank uint32, v int32) {
 	return binary.LittleEndian.Uint32(pairs[i*KVPairSize:]), int32(binary.LittleEndian.Uint32(pairs[i*KVPairSize+4:]))
 }
 
-// RegRead reads slot i of a MSG_PULL answer: the fixed-point sum and the slot's hit counter.
-func RegRead(pairs []byte, i int) (sum int32, hits uint32) {
-	return int32(binary.LittleEndian.Uint32(pairs[i*KVPairSize:])), binary.LittleEndian.Uint32(pairs[i*KVPairSize+4:])
+// RegRead reads slot i of a MSG_PULL answer: the fixed-point sum, the slot's hit counter (31
+// bits) and whether some worker's pair was summed there in the iteration read (the sum may be 0).
+func RegRead(pairs []byte, i int) (sum int32, hits uint32, touched bool) {
+	w := binary.LittleEndian.Uint32(pairs[i*KVPairSize+4:])
+	return int32(binary.LittleEndian.Uint32(pairs[i*KVPairSize:])), w & RegHitsMask, w&RegThisIter != 0
 }
 
 // PutCold writes cold pair i (key, float32 bits) into pairs; Cold reads it.

@@ -141,6 +141,7 @@ func TestConstantsMatchGenerated(t *testing.T) {
 		{"ColdStdPairs", ColdStdPairs, uint64(bpf.XdpaggLimitLIMIT_COLD_STD_PAIRS)},
 		{"SparseMaxPkts", SparseMaxPkts, uint64(bpf.XdpaggLimitLIMIT_SPARSE_MAX_PKTS)},
 		{"SparseMaxPasses", SparseMaxPasses, uint64(bpf.XdpaggLimitLIMIT_SPARSE_MAX_PASSES)},
+		{"RegHitsMask", uint64(RegHitsMask), uint64(bpf.XdpaggLimitLIMIT_REG_HITS_MASK)},
 		{"SparseStdPairs fills 1500", uint64(1500-28-HdrSize-SparseHdrSize) / KVPairSize, SparseStdPairs},
 		{"ColdStdPairs fills 1500", uint64(1500-28-HdrSize-SparseHdrSize) / ColdPairSize, ColdStdPairs},
 		{"SparseMaxPairs fills 3388", uint64(3388-28-HdrSize-SparseHdrSize) / KVPairSize, SparseMaxPairs},
