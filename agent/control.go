@@ -63,6 +63,7 @@ const (
 	RejectPortFull    = "port_full"       // the port has MaxMembersPerPort members already
 	RejectUnsolicited = "unsolicited"     // a HELP answer for no result the agent asked that worker id for
 	RejectInternal    = "internal"        // a map operation failed
+	RejectQueueFull   = "queue_full"      // its port's queue of messages waiting for the agent was full (ctlqueue.go)
 	errLogEvery       = time.Second       // at most one warning per port per this interval
 )
 
@@ -136,6 +137,8 @@ func ListenControl(port uint16, m *maps.Maps, ports map[int]net.HardwareAddr, lo
 	if err != nil {
 		return nil, fmt.Errorf("listen for control messages on port %d: %w", port, err)
 	}
+	// Room for a burst while the reader is off the CPU (best effort: capped by rmem_max).
+	_ = raw.(*net.UDPConn).SetReadBuffer(4 << 20)
 	c := newControlServer(raw, m, ports, log)
 	if err := c.conn.SetControlMessage(ipv4.FlagInterface|ipv4.FlagDst, true); err != nil {
 		raw.Close()
@@ -154,12 +157,39 @@ func newControlServer(raw net.PacketConn, m *maps.Maps, ports map[int]net.Hardwa
 // Close stops the server.
 func (c *ControlServer) Close() error { return c.raw.Close() }
 
-// Serve handles messages until ctx is done or the socket is closed.
+// Serve handles messages until ctx is done or the socket is closed. One goroutine reads the
+// socket into per-interface queues, this one handles them in turn (ctlqueue.go).
 func (c *ControlServer) Serve(ctx context.Context) error {
 	go func() {
 		<-ctx.Done()
 		c.raw.Close()
 	}()
+	q := newPortQueues()
+	readErr := make(chan error, 1)
+	go func() { readErr <- c.read(ctx, q) }()
+	for {
+		m, ok := q.pop()
+		if !ok {
+			select {
+			case <-q.wake:
+				continue
+			case err := <-readErr:
+				return err
+			}
+		}
+		// Answers leave from the address the message was sent to, which is the one workers
+		// accept answers from (whatever address the kernel would pick for the route back).
+		c.replySrc = m.dst
+		if err := c.handle(m.b, m.ifindex, m.from); err != nil {
+			c.reject(err, m.ifindex, m.from)
+		}
+		q.release(m.b)
+	}
+}
+
+// read takes control messages off the socket into q until ctx is done or the socket is closed
+// (nil), or it fails. A message whose interface's queue is full is dropped and counted.
+func (c *ControlServer) read(ctx context.Context, q *portQueues) error {
 	buf := make([]byte, 2048)
 	for {
 		n, cm, src, err := c.conn.ReadFrom(buf)
@@ -175,11 +205,10 @@ func (c *ControlServer) Serve(ctx context.Context) error {
 		}
 		from := ua.AddrPort()
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		// Answers leave from the address the message was sent to, which is the one workers
-		// accept answers from (whatever address the kernel would pick for the route back).
-		c.replySrc = cm.Dst
-		if err := c.handle(buf[:n], cm.IfIndex, from); err != nil {
-			c.reject(err, cm.IfIndex, from)
+		m := ctlMsg{b: q.buffer(buf[:n]), ifindex: cm.IfIndex, from: from, dst: cm.Dst}
+		if !q.push(m) {
+			q.release(m.b)
+			c.reject(refuse(RejectQueueFull, "%d control messages from ifindex %d wait already", PortQueueLen, cm.IfIndex), cm.IfIndex, from)
 		}
 	}
 }
@@ -791,7 +820,7 @@ func (c *ControlServer) admission(job uint32, key []byte) {
 // rejectReasons lists the labels in a stable order (metrics).
 func rejectReasons() []string {
 	r := []string{RejectMalformed, RejectNotAPort, RejectNotAdmitted, RejectUnauth, RejectReplay,
-		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectBadH, RejectPortFull, RejectUnsolicited, RejectInternal}
+		RejectNotMember, RejectBoundElse, RejectBadWorker, RejectBadH, RejectPortFull, RejectUnsolicited, RejectInternal, RejectQueueFull}
 	sort.Strings(r)
 	return r
 }
