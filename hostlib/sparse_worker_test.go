@@ -158,17 +158,8 @@ func TestSparseWorkerAsksAgent(t *testing.T) {
 			}
 		}
 	}()
-	w, err := NewSparseWorker(SparseWorkerConfig{JobID: 3, NumWorkers: 1, Local: netip.AddrPortFrom(loopback, 0), PS: connAddr(ps), JobKey: key,
-		Timeout: 20 * time.Millisecond, MaxRetries: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
-	defer cancel()
-	if err := w.Join(ctx, agent.addr(), testMAC); err != nil {
-		t.Fatal(err)
-	}
+	ctx := hangGuard(t)
+	w := joinedSparseWorker(ctx, t, key, connAddr(ps), agent.addr(), 20*time.Millisecond, 1000)
 	for iter := uint32(1); iter <= 2; iter++ {
 		up, err := w.Step(ctx, iter, []uint64{7}, []float32{1})
 		if err != nil {
@@ -222,17 +213,9 @@ func TestSparseWorkerAgentMissesResendOnce(t *testing.T) {
 			}
 		}
 	}()
-	w, err := NewSparseWorker(SparseWorkerConfig{JobID: 3, NumWorkers: 1, Local: netip.AddrPortFrom(loopback, 0), PS: connAddr(ps), JobKey: key,
-		Timeout: time.Second, MaxRetries: 4}) // a timeout no loaded machine reaches: only misses drive resends
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
-	defer cancel()
-	if err := w.Join(ctx, agent.addr(), testMAC); err != nil {
-		t.Fatal(err)
-	}
+	ctx := hangGuard(t)
+	// A timeout no loaded machine reaches: only the agent's misses drive resends.
+	w := joinedSparseWorker(ctx, t, key, connAddr(ps), agent.addr(), time.Second, 4)
 	up, err := w.Step(ctx, 1, []uint64{7}, []float32{1})
 	if err != nil {
 		t.Fatalf("step: %v (stats %+v)", err, w.Stats())
@@ -243,4 +226,27 @@ func TestSparseWorkerAgentMissesResendOnce(t *testing.T) {
 	if st := w.Stats(); st.Resends != 2 || st.CacheRequests != 8 {
 		t.Errorf("stats %+v: want 2 resends, each after an ask of 4 requests", st)
 	}
+}
+
+// hangGuard is a test's context: a minute, then the test fails instead of hanging.
+func hangGuard(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// joinedSparseWorker is worker 0 of job 3 (one worker) on loopback, sending to ps, joined through
+// the (fake) agent at sw under key.
+func joinedSparseWorker(ctx context.Context, t *testing.T, key []byte, ps, sw netip.AddrPort, timeout time.Duration, retries int) *SparseWorker {
+	t.Helper()
+	w, err := NewSparseWorker(SparseWorkerConfig{JobID: 3, NumWorkers: 1, Local: netip.AddrPortFrom(loopback, 0), PS: ps, JobKey: key,
+		Timeout: timeout, MaxRetries: retries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	if err := w.Join(ctx, sw, testMAC); err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
