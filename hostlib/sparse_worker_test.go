@@ -139,27 +139,17 @@ func TestSparseWorkerAsksAgent(t *testing.T) {
 		}
 		return ackOf(t, key, h, h.Seq, h.WorkerId, stamps.Next()) // the Join's ACK, and the miss of iteration 2
 	})
-	ps := listenOn(t, "127.0.0.1", 0)
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := ps.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			var h wire.Header
-			wire.DecodeHeader(buf[:n], &h)
-			switch {
-			case h.Seq == 1 && h.Flags&wire.FlagResend == 0:
-				_, _ = ps.WriteToUDPAddrPort(coldUpdate(1, 0, 0), from)
-			case h.Seq == 2 && h.Flags&wire.FlagResend != 0:
-				_, _ = ps.WriteToUDPAddrPort(coldUpdate(2, 0, 0), from)
-				_, _ = ps.WriteToUDPAddrPort(coldUpdate(2, 1, 0), from)
-			}
+	ps := fakeSparsePS(t, func(h wire.Header) [][]byte {
+		switch {
+		case h.Seq == 1 && h.Flags&wire.FlagResend == 0:
+			return [][]byte{coldUpdate(1, 0, 0)}
+		case h.Seq == 2 && h.Flags&wire.FlagResend != 0:
+			return [][]byte{coldUpdate(2, 0, 0), coldUpdate(2, 1, 0)}
 		}
-	}()
+		return nil
+	})
 	ctx := hangGuard(t)
-	w := joinedSparseWorker(ctx, t, key, connAddr(ps), agent.addr(), 20*time.Millisecond, 1000)
+	w := joinedSparseWorker(ctx, t, key, ps, agent.addr(), 20*time.Millisecond, 1000)
 	for iter := uint32(1); iter <= 2; iter++ {
 		up, err := w.Step(ctx, iter, []uint64{7}, []float32{1})
 		if err != nil {
@@ -191,31 +181,22 @@ func TestSparseWorkerAgentMissesResendOnce(t *testing.T) {
 	agent := newFakeAgent(t, key, nil, func(h wire.Header) []byte {
 		return ackOf(t, key, h, h.Seq, h.WorkerId, stamps.Next()) // the Join's ACK, and a miss of every request
 	})
-	ps := listenOn(t, "127.0.0.1", 0)
-	go func() {
-		buf := make([]byte, 2048)
-		resends := 0
-		for {
-			n, from, err := ps.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			var h wire.Header
-			wire.DecodeHeader(buf[:n], &h)
-			if h.Flags&wire.FlagResend == 0 {
-				_, _ = ps.WriteToUDPAddrPort(coldUpdateOf(1, 0, npkts, 0), from)
-				continue
-			}
-			if resends++; resends == 2 {
-				for i := range uint32(npkts) {
-					_, _ = ps.WriteToUDPAddrPort(coldUpdateOf(1, i, npkts, 0), from)
-				}
+	resends := 0 // the fake PS's goroutine only
+	ps := fakeSparsePS(t, func(h wire.Header) [][]byte {
+		if h.Flags&wire.FlagResend == 0 {
+			return [][]byte{coldUpdateOf(1, 0, npkts, 0)}
+		}
+		var all [][]byte
+		if resends++; resends == 2 {
+			for i := range uint32(npkts) {
+				all = append(all, coldUpdateOf(1, i, npkts, 0))
 			}
 		}
-	}()
+		return all
+	})
 	ctx := hangGuard(t)
 	// A timeout no loaded machine reaches: only the agent's misses drive resends.
-	w := joinedSparseWorker(ctx, t, key, connAddr(ps), agent.addr(), time.Second, 4)
+	w := joinedSparseWorker(ctx, t, key, ps, agent.addr(), time.Second, 4)
 	up, err := w.Step(ctx, 1, []uint64{7}, []float32{1})
 	if err != nil {
 		t.Fatalf("step: %v (stats %+v)", err, w.Stats())
@@ -249,4 +230,25 @@ func joinedSparseWorker(ctx context.Context, t *testing.T, key []byte, ps, sw ne
 		t.Fatal(err)
 	}
 	return w
+}
+
+// fakeSparsePS is a PS on loopback that sends back to each DATA's sender the packets answer
+// returns for its header.
+func fakeSparsePS(t *testing.T, answer func(h wire.Header) [][]byte) netip.AddrPort {
+	ps := listenOn(t, "127.0.0.1", 0)
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := ps.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			var h wire.Header
+			wire.DecodeHeader(buf[:n], &h)
+			for _, p := range answer(h) {
+				_, _ = ps.WriteToUDPAddrPort(p, from)
+			}
+		}
+	}()
+	return connAddr(ps)
 }
